@@ -1,0 +1,40 @@
+# Defaults for every servefleet host. Role files (spark.py, rtx4090.py, depot.py) and
+# inventory/fleet.yml `data:` override these; servefleet/schema.py checks every value.
+
+# --- Layout on the node --------------------------------------------------------------------
+servefleet_root = "/opt/servefleet"  # everything servefleet installs lives under this directory
+servefleet_user = "servefleet"  # system user that owns the tree and runs the services
+
+# --- Preflight ------------------------------------------------------------------------------
+require_gpu = True  # fail a host without an NVIDIA GPU (False: the testbed, CPU-only checks)
+min_driver_version = 580  # oldest NVIDIA driver major version the recipes accept
+expected_arch = None  # CPU architecture the recipe is built for (x86_64 | aarch64), None: any
+min_free_disk_bytes = 5 * 1024**3  # free space needed under servefleet_root for the base tree
+usable_memory_bytes = None  # memory the serving engine may use; None: read from the host
+
+# --- OS packages and Python (distro-specific names are data) --------------------------------
+os_packages = {  # apt packages per distro family, installed by deploys/base.py
+    "debian": ["python3", "python3-venv", "ca-certificates", "curl", "rsync", "git"],
+    "ubuntu": ["python3", "python3-venv", "ca-certificates", "curl", "rsync", "git"],
+}
+python_interpreter = {"debian": "python3", "ubuntu": "python3"}  # system Python per family
+uv_version = "0.13.9"  # uv, installed into the tools venv; makes the serving venvs
+
+# --- Python package sources (a fleet mirror or an air-gapped wheelhouse needs no code change)
+pip_index_url = None  # primary index URL; None: PyPI
+pip_extra_index_urls = []  # further index URLs (e.g. PyTorch's cu130 index)
+pip_find_links = []  # local wheel directories or URLs searched before the index
+python_no_deps = False  # install pinned wheels without their dependency closure (wheelhouses)
+
+# --- Service --------------------------------------------------------------------------------
+service_state = "running"  # running | stopped: stopped provisions everything but starts nothing
+service_enabled = True  # start the service at boot
+service_host = "127.0.0.1"  # address the API binds to; 0.0.0.0 exposes it on every interface
+service_port = 8000  # port of the OpenAI-compatible API
+api_key_file = None  # operator-side file holding the API key (copied 0600); None: no key
+
+# --- Models ---------------------------------------------------------------------------------
+hf_endpoint = "https://huggingface.co"  # Hugging Face hub or a mirror speaking its API
+hf_token_file = None  # operator-side file with a hub token (or $HF_TOKEN); None: anonymous
+model_source = "hub"  # hub: each node downloads; depot: copy from the depot host
+depot_host = None  # inventory name of the depot when model_source = "depot"

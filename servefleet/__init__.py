@@ -1,0 +1,3 @@
+"""servefleet: provision LLM serving nodes with pyinfra."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Sub-commands of the `servefleet` CLI: each module has register(subparsers)."""

@@ -1,0 +1,159 @@
+"""Bring the testbed up, add and remove hosts, report status, tear everything down."""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from servefleet.testbed import hosts, image, net, services
+from servefleet.testbed.state import (
+    HostRecord, TestbedState, load_state, locked, role_of, save_state,
+)
+
+# The host's own tools the testbed drives, and the Debian packages that bring them.
+HOST_TOOLS = {
+    "mmdebstrap": "mmdebstrap", "systemd-nspawn": "systemd-container",
+    "slirp4netns": "slirp4netns", "ip": "iproute2", "iptables": "iptables",
+    "ssh": "openssh-client", "ssh-keygen": "openssh-client", "rsync": "rsync",
+}
+DEFAULT_HOSTS = ("spark-1", "rtx4090-1", "depot-1")
+
+
+def ensure_host_packages(log=print) -> None:
+    """Install the host packages the testbed needs, on first use only."""
+    missing = sorted({pkg for tool, pkg in HOST_TOOLS.items() if not shutil.which(tool)})
+    if not missing:
+        return
+    log(f"installing host packages: {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _next_address(state: TestbedState) -> str:
+    used = {h.address for h in state.hosts.values()}
+    index = 0
+    while net.host_address(index) in used:
+        index += 1
+    return net.host_address(index)
+
+
+def _boot(state: TestbedState, names: list[str], log) -> None:
+    img = image.base_image(log=log)
+    started = []
+    for name in names:
+        rec = state.hosts.get(name)
+        if rec is None:
+            rec = HostRecord(name=name, role=role_of(name), address=_next_address(state))
+            state.hosts[name] = rec
+        if not _alive(rec.pid):
+            rec.pid = hosts.start(rec, img)
+            started.append(rec)
+    save_state(state)
+    with ThreadPoolExecutor(max_workers=max(1, len(started))) as pool:
+        for rec, sysstate in zip(started, pool.map(hosts.wait_ready, started)):
+            if sysstate not in ("running", "degraded"):
+                raise RuntimeError(f"testbed host {rec.name}: systemd is {sysstate!r}")
+            log(f"{rec.name} ({rec.role}) {rec.address}: systemd {sysstate}")
+
+
+def up(names=DEFAULT_HOSTS, log=print) -> TestbedState:
+    """Start the network, the host-side services and the named hosts (others keep running)."""
+    names = list(names)
+    for name in names:
+        role_of(name)  # validate every name before touching anything
+    ensure_host_packages(log)
+    with locked():
+        state = load_state()
+        if state.network_up and not all(_alive(h.pid) for h in state.hosts.values()):
+            # An unclean stop left a half testbed behind: clear it, keep the hosts' disks.
+            log("recovering from an unclean stop")
+            _teardown(state, keep_disks=True)
+            state = load_state()
+        net.up()
+        state.network_up = True
+        services.start_all(state, log)
+        save_state(state)
+        _boot(state, names, log)
+        return state
+
+
+def add(name: str, log=print) -> HostRecord:
+    """Add one fresh host next to the running ones."""
+    role_of(name)
+    with locked():
+        state = load_state()
+        if not state.network_up:
+            raise RuntimeError("the testbed is not up: run `servefleet testbed up` first")
+        if name in state.hosts:
+            raise ValueError(f"testbed host {name} already exists")
+        hosts.remove(name)  # a stale disk from an earlier host of that name is not fresh
+        _boot(state, [name], log)
+        return state.hosts[name]
+
+
+def rm(name: str, log=print) -> None:
+    with locked():
+        state = load_state()
+        rec = state.hosts.pop(name, None)
+        if rec is None:
+            raise ValueError(f"no testbed host named {name}")
+        hosts.stop(name, rec.pid)
+        hosts.remove(name)
+        save_state(state)
+        log(f"removed {name}")
+
+
+def status() -> list[dict]:
+    state = load_state()
+    rows = []
+    for rec in state.hosts.values():
+        alive = _alive(rec.pid)
+        rows.append({"name": rec.name, "role": rec.role, "address": rec.address,
+                     "systemd": hosts.system_state(rec) if alive else "stopped"})
+    return rows
+
+
+def _teardown(state: TestbedState, keep_disks: bool) -> None:
+    for rec in state.hosts.values():
+        hosts.stop(rec.name, rec.pid)
+    for base in hosts.leftovers():  # also hosts the state file no longer knows about
+        hosts.stop(base.name, None, timeout=0)
+        if not keep_disks:
+            hosts.remove(base.name)
+    services.stop_all(state)
+    net.down()
+    for rec in state.hosts.values():
+        rec.pid = None
+    if not keep_disks:
+        state.hosts.clear()
+    state.network_up = False
+    save_state(state)
+
+
+def down(log=print) -> None:
+    """Stop everything and leave nothing behind: processes, mounts, namespace, routes, disks."""
+    with locked():
+        _teardown(load_state(), keep_disks=False)
+    log("testbed down")
+
+
+def wait_gone(pid: int, timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)

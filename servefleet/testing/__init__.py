@@ -1,0 +1,3 @@
+"""Builders of test material (tiny models, real third-party artifacts) shared by tests and benchmarks."""
+
+from servefleet.testing.llama_build import llama_host_build  # noqa: F401

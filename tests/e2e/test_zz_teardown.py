@@ -1,0 +1,36 @@
+"""Runs last in the e2e tier: `servefleet testbed down` leaves nothing behind."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from servefleet.testbed import lifecycle, net
+from servefleet.testbed import state as tb_state
+
+pytestmark = pytest.mark.e2e
+
+
+def test_down_leaves_no_mounts_namespaces_processes_or_routes(testbed):
+    lifecycle.down(log=lambda m: None)
+    marker = str(tb_state.testbed_dir())
+    with open("/proc/self/mounts") as fh:
+        assert not [l for l in fh if marker in l]
+    assert not net.NETNS_PATH.exists()
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+    assert str(net.SUBNET) not in routes
+    links = subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+    assert net.HOST_VETH not in links
+    left = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "systemd-nspawn" in cmd or "slirp4netns" in cmd or "servefleet.hub" in cmd \
+                    or "servefleet.testbed.supervise" in cmd:
+                left.append(cmd)
+    assert left == []
+    assert tb_state.load_state().hosts == {} and not tb_state.load_state().network_up
