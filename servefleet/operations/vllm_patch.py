@@ -1,0 +1,235 @@
+"""
+Patch vLLM's ``qwen3_5.py`` in a node's venv so ``--language-model-only`` builds no
+vision tower (``self.visual = None``) and loading skips ``visual.*`` weights.
+
+Stock vLLM 0.24.0 / 0.26.0 build the 27-block vision tower of
+``Qwen3_5MoeForConditionalGeneration`` even for text-only checkpoints such as
+Qwen/Qwen-AgentWorld-35B-A3B, which ship no ``visual.*`` tensors. The patches, with the
+sha256 of the pristine and patched file per vLLM version, live in
+``files/patches/vllm/<version>/`` of the servefleet repository.
+
+Run on its own::
+
+    pyinfra @local servefleet.operations.vllm_patch.apply venv=/opt/vllm/venv -y
+    pyinfra inventory.py servefleet.operations.vllm_patch.revert venv=/opt/vllm/venv -y
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api.exceptions import OperationError
+from pyinfra.facts.files import Sha256File
+
+from servefleet.facts_vllm import VllmModelFile, VllmVersion
+from servefleet.paths import REPO_ROOT
+
+PATCH_ROOT = REPO_ROOT / "files" / "patches" / "vllm"
+# Runs on the node with the venv's python: nodes need neither `patch` nor servefleet.
+NODE_APPLIER = PATCH_ROOT / "apply_patch.py"
+MODEL_FILE = "qwen3_5.py"
+
+
+@dataclass(frozen=True)
+class RecordedPatch:
+    """What files/patches/vllm/<version>/ records for one vLLM version."""
+
+    version: str
+    patch_file: Path
+    pristine_sha256: str
+    patched_sha256: str
+
+
+def recorded_versions() -> list[str]:
+    """vLLM versions that have a recorded patch."""
+    return sorted(p.parent.name for p in PATCH_ROOT.glob("*/hashes.json"))
+
+
+def recorded_patch(version: str) -> RecordedPatch | None:
+    """The recorded patch for `version`, or None when there is none."""
+    hashes = PATCH_ROOT / version / "hashes.json"
+    if not hashes.is_file():
+        return None
+    data = json.loads(hashes.read_text())
+    return RecordedPatch(
+        version=version,
+        patch_file=PATCH_ROOT / version / data["patch"],
+        pristine_sha256=data["pristine_sha256"],
+        patched_sha256=data["patched_sha256"],
+    )
+
+
+@dataclass(frozen=True)
+class _NodeState:
+    """The facts both operations decide on."""
+
+    venv: str
+    version: str
+    path: str
+    sha256: str | None
+    orig_sha256: str | None
+    patch: RecordedPatch
+
+    @property
+    def orig(self) -> str:
+        return f"{self.path}.orig"
+
+    def refuse(self, problem: str, fix: str) -> OperationError:
+        """An error that says what was found, that nothing changed, and what to do."""
+        return OperationError(
+            f"vLLM {self.version} in {self.venv}: {problem}; {self.path} left untouched. {fix}"
+        )
+
+
+def _node_state(venv: str) -> _NodeState:
+    """Read the facts; stop the host when vLLM, its file or its recorded patch is missing."""
+    version = host.get_fact(VllmVersion, venv=venv)
+    if version is None:
+        raise OperationError(
+            f"no vLLM in {venv} (no lib/python3.*/site-packages/vllm-*.dist-info/METADATA); "
+            "check the venv path"
+        )
+    path = host.get_fact(VllmModelFile, venv=venv, filename=MODEL_FILE)
+    if path is None:
+        raise OperationError(f"vLLM {version} in {venv} has no model file {MODEL_FILE}")
+    sha256 = host.get_fact(Sha256File, path=path)
+
+    patch = recorded_patch(version)
+    if patch is None:
+        raise OperationError(
+            f"vLLM {version} in {venv}: no patch recorded for this version "
+            f"(recorded: {', '.join(recorded_versions()) or 'none'}); {path} "
+            f"(sha256 {sha256}) left untouched. Install a recorded version, or record "
+            f"a patch and its hashes in {PATCH_ROOT / version}/."
+        )
+    return _NodeState(
+        venv=venv,
+        version=version,
+        path=path,
+        sha256=sha256,
+        orig_sha256=host.get_fact(Sha256File, path=f"{path}.orig"),
+        patch=patch,
+    )
+
+
+def _reinstall_hint(state: _NodeState) -> str:
+    return (
+        f"Restore the shipped file (pip install --force-reinstall --no-deps "
+        f"vllm=={state.version} in that venv) and run again."
+    )
+
+
+@operation()
+def apply(venv: str):
+    """
+    Patch ``qwen3_5.py`` of the vLLM in ``venv`` with the patch recorded for its version.
+
+    + venv: path of the node's virtualenv holding vLLM
+
+    The file must be the pristine one of that version (by sha256); a copy is kept as
+    ``qwen3_5.py.orig`` (written once, never overwritten) and the result must match the
+    recorded patched sha256. Anything unexpected stops the host and changes nothing.
+
+    **Example:**
+
+    .. code:: python
+
+        from servefleet.operations import vllm_patch
+        vllm_patch.apply(
+            name="Build no vision tower with --language-model-only",
+            venv="/opt/vllm/venv",
+        )
+    """
+    state = _node_state(venv)
+    patch = state.patch
+
+    if state.orig_sha256 not in (None, patch.pristine_sha256):
+        raise state.refuse(
+            f"the backup {state.orig} has sha256 {state.orig_sha256}, not the pristine "
+            f"{patch.pristine_sha256}",
+            f"Move it away (it is not vLLM's file). {_reinstall_hint(state)}",
+        )
+
+    if state.sha256 == patch.patched_sha256:
+        if state.orig_sha256 is None:
+            raise state.refuse(
+                f"the file is patched but its backup {state.orig} is missing",
+                _reinstall_hint(state),
+            )
+        host.noop(f"{state.path} is already patched for vLLM {state.version}")
+        return
+
+    if state.sha256 != patch.pristine_sha256:
+        raise state.refuse(
+            f"the file has sha256 {state.sha256}, which is neither the pristine "
+            f"({patch.pristine_sha256}) nor the patched ({patch.patched_sha256}) one",
+            _reinstall_hint(state),
+        )
+
+    # Upload the patch and the applier to temp files; the applier re-checks every hash
+    # before it writes, and the temp files go whatever its exit status.
+    remote_patch = host.get_temp_filename(f"vllm-{state.version}-{patch.patched_sha256}")
+    remote_applier = host.get_temp_filename(f"servefleet-{NODE_APPLIER.read_text()}")
+    for local, remote in ((patch.patch_file, remote_patch), (NODE_APPLIER, remote_applier)):
+        yield FileUploadCommand(
+            str(local), remote, remote_temp_filename=host.get_temp_filename(remote)
+        )
+    yield StringCommand(
+        QuoteString(f"{venv.rstrip('/')}/bin/python"),
+        QuoteString(remote_applier),
+        QuoteString(state.path),
+        QuoteString(remote_patch),
+        patch.pristine_sha256,
+        patch.patched_sha256,
+        "; rc=$?; rm -f",
+        QuoteString(remote_applier),
+        QuoteString(remote_patch),
+        "; exit $rc",
+    )
+
+
+@operation()
+def revert(venv: str):
+    """
+    Put back the pristine ``qwen3_5.py`` of the vLLM in ``venv`` from ``qwen3_5.py.orig``.
+
+    + venv: path of the node's virtualenv holding vLLM
+
+    The backup must have the pristine sha256 recorded for that vLLM version; it is moved
+    over the file, so a reverted venv is byte-for-byte what pip installed.
+
+    **Example:**
+
+    .. code:: python
+
+        from servefleet.operations import vllm_patch
+        vllm_patch.revert(
+            name="Restore vLLM's own qwen3_5.py",
+            venv="/opt/vllm/venv",
+        )
+    """
+    state = _node_state(venv)
+    pristine = state.patch.pristine_sha256
+
+    if state.orig_sha256 is None:
+        if state.sha256 == pristine:
+            host.noop(f"{state.path} is vLLM {state.version}'s own file")
+            return
+        raise state.refuse(
+            f"no backup {state.orig} to restore, and the file has sha256 {state.sha256}",
+            _reinstall_hint(state),
+        )
+
+    if state.orig_sha256 != pristine:
+        raise state.refuse(
+            f"the backup {state.orig} has sha256 {state.orig_sha256}, not the pristine "
+            f"{pristine}",
+            _reinstall_hint(state),
+        )
+
+    # mv keeps the backup's mode and mtime: those of the file pip installed.
+    yield StringCommand("mv", "-f", QuoteString(state.orig), QuoteString(state.path))
