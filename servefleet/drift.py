@@ -1,0 +1,186 @@
+"""Drift check: run a deploy in pyinfra's check mode (nothing changes) and classify every step.
+
+`pyinfra --dry` exits 0 with changes pending, so it cannot gate anything. This runs the same
+deploy through pyinfra's API with change detection on and sorts each operation, per host, into:
+
+- in_sync      the operation would do nothing
+- drifted      it would change the host
+- conditional  it runs only if another operation changed (`_if=`: restarts, health checks)
+- always_runs  it is not idempotent (pyinfra marks it so); shown apart, never counted as drift
+
+Deep checks (see `deep_check`) add what operations alone do not see, e.g. installed versions vs
+pins or a unit file's diff, as expected-vs-found pairs read with facts.
+"""
+
+import importlib
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from pyinfra.api import Config, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
+
+IN_SYNC, DRIFTED, CONDITIONAL, ALWAYS = "in_sync", "drifted", "conditional", "always_runs"
+
+
+@dataclass
+class Item:
+    kind: str  # "operation" or "deep"
+    name: str
+    state: str  # in_sync | drifted | conditional | always_runs
+    expected: str = ""
+    found: str = ""
+
+
+@dataclass
+class HostReport:
+    name: str
+    status: str = IN_SYNC  # in_sync | drifted | unchecked
+    error: str | None = None
+    items: list[Item] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    inventory: str
+    deploy: str
+    hosts: dict[str, HostReport] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        statuses = {h.status for h in self.hosts.values()}
+        if "unchecked" in statuses or not self.hosts:
+            return 2
+        return 1 if DRIFTED in statuses else 0
+
+    def to_dict(self) -> dict:
+        counts = {s: sum(h.status == s for h in self.hosts.values())
+                  for s in (IN_SYNC, DRIFTED, "unchecked")}
+        return {"inventory": self.inventory, "deploy": self.deploy,
+                "hosts": {n: asdict(h) for n, h in self.hosts.items()},
+                "summary": {"hosts": len(self.hosts), **counts}, "exit_code": self.exit_code}
+
+
+# --- deep checks: registered by the recipe modules, run per host after the deploy is loaded ----
+DeepCheck = Callable[[object], list[Item]]
+_DEEP_CHECKS: list[DeepCheck] = []
+
+
+def deep_check(func: DeepCheck) -> DeepCheck:
+    """Register `func(host) -> [Item]`; it runs in the host's context and may read facts."""
+    if func not in _DEEP_CHECKS:
+        _DEEP_CHECKS.append(func)
+    return func
+
+
+def compare(name: str, expected, found) -> Item:
+    """A deep-check item: drifted unless found == expected."""
+    return Item("deep", name, IN_SYNC if expected == found else DRIFTED, str(expected), str(found))
+
+
+# --- which operation functions are not idempotent: pyinfra keeps that on the function only ----
+# (`pyinfra.api.operation` the module is shadowed by the `operation` decorator of pyinfra.api.)
+pyinfra_operation = importlib.import_module("pyinfra.api.operation")
+_non_idempotent_names: set[str] = set()
+_original_generate_name = pyinfra_operation.generate_operation_name
+
+
+def _recording_generate_name(func, host, kwargs, global_arguments):
+    names, add_args = _original_generate_name(func, host, kwargs, global_arguments)
+    if not getattr(func, "is_idempotent", True):
+        _non_idempotent_names.update(names)
+    return names, add_args
+
+
+def _command_text(op_data) -> str:
+    """The first command the operation would run (masked, shortened), for 'found'."""
+    try:
+        for command in op_data.command_generator():
+            text = command.get_masked_value() if hasattr(command, "get_masked_value") \
+                else str(command)
+            return text if len(text) <= 160 else text[:157] + "..."
+    except Exception as exc:  # a failing fact while re-generating: report, don't crash
+        return f"(could not render: {exc})"
+    return ""
+
+
+def _load_inventory(inventory_path: str, data: dict | None):
+    from pyinfra_cli.inventory import make_inventory
+
+    return make_inventory(inventory_path, cwd=os.getcwd(), override_data=data or {})
+
+
+def _classify(state, host) -> list[Item]:
+    items = []
+    for op_hash in state.get_op_order():
+        if op_hash not in state.ops[host]:
+            continue
+        op_data = state.get_op_data_for_host(host, op_hash)
+        meta = state.op_meta[op_hash]
+        name = " / ".join(sorted(meta.names))
+        if meta.names & _non_idempotent_names:
+            items.append(Item("operation", name, ALWAYS))
+        elif op_data.global_arguments.get("_if"):
+            items.append(Item("operation", name, CONDITIONAL))
+        elif op_data.operation_meta._maybe_is_change:
+            items.append(Item("operation", name, DRIFTED, "no change", _command_text(op_data)))
+        else:
+            items.append(Item("operation", name, IN_SYNC))
+    return items
+
+
+def check(inventory_path: str, deploy_path: str, limit: list[str] | None = None,
+          data: dict | None = None) -> Report:
+    """Load `deploy_path` for every host of the inventory in check mode and classify it."""
+    from fnmatch import fnmatch
+
+    import gevent
+    from pyinfra_cli.util import exec_file  # importing pyinfra_cli patches sockets for gevent
+
+    report = Report(inventory_path, deploy_path)
+    state = State(check_for_changes=True)
+    state.cwd = os.getcwd()
+    config = Config()
+    ctx_state.set(state)
+    ctx_config.set(config)
+    inventory = _load_inventory(inventory_path, data)
+    ctx_inventory.set(inventory)
+    chosen = None
+    if limit:
+        chosen = [h for h in inventory if any(fnmatch(h.name, p) or p in h.groups for p in limit)]
+    state.init(inventory, config, initial_limit=chosen)
+    targets = chosen if chosen is not None else list(inventory)
+    for host in targets:
+        report.hosts[host.name] = HostReport(host.name)
+
+    pyinfra_operation.generate_operation_name = _recording_generate_name
+    try:
+        state.set_stage(StateStage.Connect)
+        connect_all(state)
+        for host in targets:
+            if host in state.failed_hosts or host not in state.activated_hosts:
+                report.hosts[host.name].status = "unchecked"
+                report.hosts[host.name].error = "could not connect"
+        state.set_stage(StateStage.Prepare)
+        def load(host):
+            rep = report.hosts[host.name]
+            try:
+                with ctx_config.use(config.copy()), ctx_host.use(host):
+                    exec_file(deploy_path)
+                    deep = [item for func in _DEEP_CHECKS for item in func(host)]
+                    rep.items = _classify(state, host) + deep
+            except Exception as exc:  # a failed fact or bad data: this host is not checked
+                rep.status, rep.error = "unchecked", f"{type(exc).__name__}: {exc}"
+                return
+            if any(i.state == DRIFTED for i in rep.items):
+                rep.status = DRIFTED
+
+        # Hosts load side by side, as pyinfra's CLI does (greenlets over its SSH connections).
+        gevent.joinall([state.pool.spawn(load, h) for h in targets
+                        if report.hosts[h.name].status != "unchecked"])
+    finally:
+        pyinfra_operation.generate_operation_name = _original_generate_name
+        disconnect_all(state)
+    return report
