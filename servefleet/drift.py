@@ -13,14 +13,10 @@ pins or a unit file's diff, as expected-vs-found pairs read with facts.
 """
 
 import importlib
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from pyinfra.api import Config, State
-from pyinfra.api.connect import connect_all, disconnect_all
-from pyinfra.api.state import StateStage
-from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
+from servefleet import fleetapi
 
 IN_SYNC, DRIFTED, CONDITIONAL, ALWAYS = "in_sync", "drifted", "conditional", "always_runs"
 
@@ -106,12 +102,6 @@ def _command_text(op_data) -> str:
     return ""
 
 
-def _load_inventory(inventory_path: str, data: dict | None):
-    from pyinfra_cli.inventory import make_inventory
-
-    return make_inventory(inventory_path, cwd=os.getcwd(), override_data=data or {})
-
-
 def _classify(state, host) -> list[Item]:
     items = []
     for op_hash in state.get_op_order():
@@ -134,53 +124,30 @@ def _classify(state, host) -> list[Item]:
 def check(inventory_path: str, deploy_path: str, limit: list[str] | None = None,
           data: dict | None = None) -> Report:
     """Load `deploy_path` for every host of the inventory in check mode and classify it."""
-    from fnmatch import fnmatch
-
-    import gevent
-    from pyinfra_cli.util import exec_file  # importing pyinfra_cli patches sockets for gevent
+    from pyinfra_cli.util import exec_file
 
     report = Report(inventory_path, deploy_path)
-    state = State(check_for_changes=True)
-    state.cwd = os.getcwd()
-    config = Config()
-    ctx_state.set(state)
-    ctx_config.set(config)
-    inventory = _load_inventory(inventory_path, data)
-    ctx_inventory.set(inventory)
-    chosen = None
-    if limit:
-        chosen = [h for h in inventory if any(fnmatch(h.name, p) or p in h.groups for p in limit)]
-    state.init(inventory, config, initial_limit=chosen)
-    targets = chosen if chosen is not None else list(inventory)
-    for host in targets:
-        report.hosts[host.name] = HostReport(host.name)
-
     pyinfra_operation.generate_operation_name = _recording_generate_name
     try:
-        state.set_stage(StateStage.Connect)
-        connect_all(state)
-        for host in targets:
-            if host in state.failed_hosts or host not in state.activated_hosts:
-                report.hosts[host.name].status = "unchecked"
-                report.hosts[host.name].error = "could not connect"
-        state.set_stage(StateStage.Prepare)
-        def load(host):
-            rep = report.hosts[host.name]
-            try:
-                with ctx_config.use(config.copy()), ctx_host.use(host):
-                    exec_file(deploy_path)
-                    deep = [item for func in _DEEP_CHECKS for item in func(host)]
-                    rep.items = _classify(state, host) + deep
-            except Exception as exc:  # a failed fact or bad data: this host is not checked
-                rep.status, rep.error = "unchecked", f"{type(exc).__name__}: {exc}"
-                return
-            if any(i.state == DRIFTED for i in rep.items):
-                rep.status = DRIFTED
+        with fleetapi.session(inventory_path, limit, data) as sess:
+            for host in sess.targets:
+                report.hosts[host.name] = HostReport(host.name)
+            for name, why in sess.unreachable.items():
+                report.hosts[name].status, report.hosts[name].error = "unchecked", why
 
-        # Hosts load side by side, as pyinfra's CLI does (greenlets over its SSH connections).
-        gevent.joinall([state.pool.spawn(load, h) for h in targets
-                        if report.hosts[h.name].status != "unchecked"])
+            def load(host):
+                exec_file(deploy_path)
+                deep = [item for func in _DEEP_CHECKS for item in func(host)]
+                return _classify(sess.state, host) + deep
+
+            for name, result in sess.each(load).items():
+                rep = report.hosts[name]
+                if isinstance(result, Exception):  # a failed fact or bad data: not checked
+                    rep.status, rep.error = "unchecked", f"{type(result).__name__}: {result}"
+                    continue
+                rep.items = result
+                if any(i.state == DRIFTED for i in rep.items):
+                    rep.status = DRIFTED
     finally:
         pyinfra_operation.generate_operation_name = _original_generate_name
-        disconnect_all(state)
     return report

@@ -68,3 +68,4 @@ def test_preflight_names_each_problem():
 def test_preflight_without_gpu_requirement_passes_a_cpu_host():
     assert node_problems(arch="x86_64", gpus=[], free_disk=100,
                          data=_data(require_gpu=False, expected_arch=None)) == []
+
