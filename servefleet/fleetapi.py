@@ -11,6 +11,7 @@ from fnmatch import fnmatch
 
 from pyinfra.api import Config, State
 from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
 
@@ -70,7 +71,10 @@ def session(inventory_path: str, limit: list[str] | None = None, data: dict | No
     sess = Session(state, config, targets)
     try:
         state.set_stage(StateStage.Connect)
-        connect_all(state)
+        try:
+            connect_all(state)
+        except PyinfraError:  # "No hosts remaining!": every target failed to connect
+            pass
         for host in targets:
             if host in state.failed_hosts or host not in state.activated_hosts:
                 sess.unreachable[host.name] = "could not connect"
