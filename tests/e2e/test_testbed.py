@@ -9,7 +9,8 @@ import time
 import pytest
 
 from servefleet.testbed import hosts, lifecycle, net
-from servefleet.testbed.state import load_state, testbed_dir
+from servefleet.testbed import state as tb_state
+from servefleet.testbed.state import load_state
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +52,7 @@ def test_add_and_rm_a_fresh_host(testbed):
     assert "spark-9" not in load_state().hosts
     with pytest.raises(OSError):
         socket.create_connection((rec.address, 22), timeout=1)
-    assert not (testbed_dir() / "hosts/spark-9").exists()
+    assert not (tb_state.testbed_dir() / "hosts/spark-9").exists()
 
 
 def test_bad_host_name_is_refused_before_anything_starts(testbed):

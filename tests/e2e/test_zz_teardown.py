@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e
 
 def test_down_leaves_no_mounts_namespaces_processes_or_routes(testbed):
     lifecycle.down(log=lambda m: None)
-    marker = str(tb_state.testbed_dir())
+    marker = str(tb_state.testbed_dir()) + "/"  # this instance's tree, not testbed-N's
     with open("/proc/self/mounts") as fh:
         assert not [l for l in fh if marker in l]
     assert not net.NETNS_PATH.exists()
@@ -29,8 +29,8 @@ def test_down_leaves_no_mounts_namespaces_processes_or_routes(testbed):
                 cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if "systemd-nspawn" in cmd or "slirp4netns" in cmd or "servefleet.hub" in cmd \
-                    or "servefleet.testbed.supervise" in cmd:
+            if marker in cmd or str(net.NETNS_PATH) + " " in cmd + " " \
+                    or f"--host {net.HOST_ADDR} " in cmd + " ":
                 left.append(cmd)
     assert left == []
     assert tb_state.load_state().hosts == {} and not tb_state.load_state().network_up
