@@ -33,6 +33,22 @@ def ensure_host_packages(log=print) -> None:
                    stdout=subprocess.DEVNULL)
 
 
+# Every guest's systemd holds dozens of inotify instances; the kernel default (128 per user,
+# shared by all containers since they run as root here) runs out at ~4 hosts.
+INOTIFY_LIMITS = {"/proc/sys/fs/inotify/max_user_instances": 8192,
+                  "/proc/sys/fs/inotify/max_user_watches": 1048576}
+
+
+def ensure_inotify_limits(log=print) -> None:
+    for path, want in INOTIFY_LIMITS.items():
+        with open(path) as fh:
+            have = int(fh.read())
+        if have < want:
+            log(f"raising {path.rsplit('/', 1)[-1]} from {have} to {want} for the guests' systemd")
+            with open(path, "w") as fh:
+                fh.write(str(want))
+
+
 def _alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -76,6 +92,7 @@ def up(names=DEFAULT_HOSTS, log=print) -> TestbedState:
     for name in names:
         role_of(name)  # validate every name before touching anything
     ensure_host_packages(log)
+    ensure_inotify_limits(log)
     with locked():
         state = load_state()
         if state.network_up and not all(_alive(h.pid) for h in state.hosts.values()):
@@ -101,6 +118,7 @@ def add(name: str, log=print) -> HostRecord:
         if name in state.hosts:
             raise ValueError(f"testbed host {name} already exists")
         hosts.remove(name)  # a stale disk from an earlier host of that name is not fresh
+        ensure_inotify_limits(log)
         _boot(state, [name], log)
         return state.hosts[name]
 
