@@ -38,3 +38,14 @@ hf_endpoint = "https://huggingface.co"  # Hugging Face hub or a mirror speaking 
 hf_token_file = None  # operator-side file with a hub token (or $HF_TOKEN); None: anonymous
 model_source = "hub"  # hub: each node downloads; depot: copy from the depot host
 depot_host = None  # inventory name of the depot when model_source = "depot"
+huggingface_hub_version = "2.4.0"  # hub client (`hf` CLI) installed into the tools venv
+download_margin_bytes = 2 * 1024**3  # free disk required beyond a download, or the host fails
+hub_timeout_seconds = 30  # operator-side hub API requests (revision -> sha, file list)
+model_repo = None  # deploys/model.py: the hub repo id to provision, e.g. "org/name"
+model_revision = "main"  # branch, tag or 40-hex commit sha (pin a sha for a reproducible fleet)
+model_include = ["*"]  # glob patterns of the repo's files to fetch
+model_dir = None  # deploys/model.py's destination; None: {servefleet_root}/models/{org}--{name}
+depot_user = "sfdepot"  # on the depot: read-only rsync account nodes copy models through
+depot_address = None  # address nodes reach the depot at (private network); None: its ssh_hostname
+depot_ssh_key = None  # operator-side fleet key for depot access; None: generated once in the cache
+depot_bwlimit_kib = None  # rate limit of each node's copy from the depot (KiB/s); None: unlimited

@@ -1,0 +1,290 @@
+"""Models: the operator-side hub client, the VerifiedModel parser, the node-side fetch script
+(run here against a local hub with the real `hf` CLI), the depot's data and fleet key."""
+
+import hashlib
+import importlib.util
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from servefleet import depot, hub, models, schema
+from servefleet.testing.tiny_models import build_tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = "acme/tiny-model"
+HF = Path(sys.executable).with_name("hf")
+needs_hf_cli = pytest.mark.skipif(not HF.exists(), reason="hf CLI not installed next to python")
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("fetch_model", ROOT / "files/model/fetch_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fm = _load_script()
+
+
+class FakeData(dict):
+    def __getattr__(self, key):
+        return self[key]
+
+
+class FakeHost:
+    def __init__(self, name, data):
+        self.name = name
+        self.data = FakeData(data)
+
+
+def group_data(*names):
+    data = {}
+    for name in names:
+        values = runpy.run_path(str(ROOT / "group_data" / f"{name}.py"))
+        data.update({k: v for k, v in values.items() if not k.startswith("__")})
+    return data
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    base = tmp_path_factory.mktemp("models")
+    src = build_tiny_checkpoint(base / "src")
+    (src / "README.md").write_text("tiny\n")
+    root = base / "store"
+    sha = hub.publish(root, REPO, src)
+    return {"root": root, "sha": sha, "src": src}
+
+
+@pytest.fixture(scope="module")
+def url(store):
+    with hub.running_hub(store["root"]) as url:
+        yield url
+
+
+# -- data --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("groups", [("all",), ("all", "spark"), ("all", "depot", "testbed_depot"),
+                                    ("all", "depot", "testbed_depot", "testbed")])
+def test_shipped_defaults_pass_the_model_and_depot_keys(groups):
+    data = group_data(*groups)
+    schema.validate(FakeHost("h", data), models.MODEL_KEYS)
+    schema.validate(FakeHost("h", {**data, "model_repo": "org/name"}), models.MODEL_DEPLOY_KEYS)
+    if "depot" in groups:
+        schema.validate(FakeHost("h", data), depot.DEPOT_KEYS)
+
+
+@pytest.mark.parametrize("key,value", [
+    ("model_include", []), ("model_include", "*.json"), ("model_revision", "main branch"),
+    ("model_repo", "no-slash"), ("model_dir", "relative/dir"),
+])
+def test_bad_model_data_is_named(key, value):
+    data = {**group_data("all"), "model_repo": "org/name", key: value}
+    with pytest.raises(schema.DataError, match=f"'{key}'"):
+        schema.validate(FakeHost("h", data), models.MODEL_DEPLOY_KEYS)
+
+
+@pytest.mark.parametrize("value,ok", [
+    ([], True),
+    ([{"repo_id": "org/name"}], True),
+    ([{"repo_id": "org/name", "revision": "a" * 40, "include": ["*.gguf"]}], True),
+    ([{"repo_id": "org/name", "include": []}], False),
+    ([{"repo": "org/name"}], False),
+    ({"repo_id": "org/name"}, False),
+])
+def test_depot_models_check(value, ok):
+    assert depot.DEPOT_MODELS.ok(value) is ok
+
+
+def test_depot_models_defaults():
+    data = {"depot_models": [{"repo_id": "org/a"}, {"repo_id": "org/b", "revision": "v1",
+                                                      "include": ["*.gguf"]}]}
+    assert depot.depot_models(data) == [
+        {"repo_id": "org/a", "revision": "main", "include": ["*"]},
+        {"repo_id": "org/b", "revision": "v1", "include": ["*.gguf"]},
+    ]
+
+
+# -- the operator-side hub client ------------------------------------------------------------
+
+
+def test_hub_commit_resolves_branch_and_lists_lfs_sha256(store, url):
+    commit = models.hub_commit(url, REPO, "main")
+    assert commit.sha == store["sha"]
+    by_path = {f.path: f for f in commit.files}
+    shard = "model.safetensors-00001-of-00002.safetensors"
+    data = (store["src"] / shard).read_bytes()
+    assert by_path[shard].sha256 == hashlib.sha256(data).hexdigest()
+    assert by_path[shard].size == len(data)
+    assert by_path["config.json"].sha256 is None and len(by_path["config.json"].oid) == 40
+    # A pinned sha needs no revision lookup and gives the same listing.
+    assert models.hub_commit(url, REPO, store["sha"]).files == commit.files
+
+
+def test_include_patterns_follow_huggingface_hub(store, url):
+    commit = models.hub_commit(url, REPO, "main")
+    names = lambda inc: sorted(f.path for f in commit.select(inc))  # noqa: E731
+    assert names(["*.json"]) == ["config.json", "model.safetensors.index.json"]
+    assert names(["*"]) == sorted(f.path for f in commit.files)
+    assert names(["nothing*"]) == []
+    for patterns in (["*.json"], ["*.safetensors", "README.md"], ["*"]):
+        for f in commit.files:
+            assert fm.matches(f.path, patterns) == (f.path in names(patterns))
+
+
+def test_hub_errors_are_clear_and_never_show_the_token(store):
+    secret = "hf_SECRETsecret0123456789"
+    with hub.running_hub(store["root"], token=secret) as url:
+        with pytest.raises(models.HubError, match="no token was given"):
+            models.hub_commit(url, REPO, "main")
+        with pytest.raises(models.HubError, match="refused") as err:
+            models.hub_commit(url, REPO, "main", "hf_wrong")
+        assert "hf_wrong" not in str(err.value)
+        assert models.hub_commit(url, REPO, "main", secret).sha == store["sha"]
+    with hub.running_hub(store["root"]) as url:
+        with pytest.raises(models.HubError, match="revision not found"):
+            models.hub_commit(url, REPO, "no-such-branch")
+    with pytest.raises(models.HubError, match="cannot reach the hub"):
+        models.hub_commit("http://127.0.0.1:9", REPO, "main", timeout=2)
+
+
+def test_next_link():
+    link = '<https://hub/api/models/a/b/tree/x?cursor=abc>; rel="next"'
+    assert models._next_link(link) == "https://hub/api/models/a/b/tree/x?cursor=abc"
+    assert models._next_link(None) is None
+    assert models._next_link('<https://x>; rel="prev"') is None
+
+
+def test_operator_token_prefers_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "from-env")
+    assert models.operator_token({"hf_token_file": None}) == "from-env"
+    path = tmp_path / "token"
+    path.write_text("from-file\n")
+    assert models.operator_token({"hf_token_file": str(path)}) == "from-file"
+    monkeypatch.delenv("HF_TOKEN")
+    assert models.operator_token({}) is None
+
+
+# -- the VerifiedModel fact's parser ------------------------------------------------------------
+
+
+RECORD = {"repo_id": "org/name", "revision": "main", "sha": "a" * 40, "include": ["*"],
+          "files": {"config.json": 10, "w/model.safetensors": 2000}}
+
+
+def _fact_output(record, sizes):
+    lines = json.dumps(record, indent=1).splitlines() + ["", models._SIZES]
+    return lines + [f"{s} {p}" for p, s in sizes.items()]
+
+
+def test_verified_record_is_returned_when_files_are_intact():
+    out = _fact_output(RECORD, {"config.json": 10, "w/model.safetensors": 2000, "extra": 1})
+    assert models.parse_verified(out) == RECORD
+
+
+@pytest.mark.parametrize("sizes", [{"config.json": 10}, {"config.json": 10, "w/model.safetensors": 1999}])
+def test_missing_or_truncated_file_voids_the_record(sizes):
+    assert models.parse_verified(_fact_output(RECORD, sizes)) is None
+
+
+def test_no_record():
+    assert models.parse_verified([]) is None
+    assert models.parse_verified(["garbage", models._SIZES]) is None
+
+
+def test_satisfies():
+    assert models.satisfies(RECORD, "org/name", "a" * 40, ["*"])
+    assert not models.satisfies(RECORD, "org/name", "b" * 40, ["*"])
+    assert not models.satisfies(RECORD, "org/name", "a" * 40, ["*.json"])
+    assert not models.satisfies(None, "org/name", "a" * 40, ["*"])
+
+
+# -- the node-side script, run here ------------------------------------------------------------
+
+
+def test_disk_preflight_counts_only_what_is_missing():
+    expected = {"a": 100, "b": 50}
+    assert fm.bytes_to_fetch(expected, {"a": 100}) == 50
+    assert fm.bytes_to_fetch(expected, {"a": 99}) == 150
+    assert fm.disk_problem(expected, {"a": 100}, free=60, margin=10) is None
+    problem = fm.disk_problem(expected, {}, free=100, margin=10)
+    assert "needed" in problem and "free" in problem
+
+
+def _request(commit, dest, url, include=("*",), margin=0, token_file=None, tmp=None):
+    return {
+        "source": "hub", "repo_id": REPO, "revision": "main", "sha": commit.sha,
+        "include": list(include), "dest": str(dest), "margin_bytes": margin, "endpoint": url,
+        "files": [f.to_json() for f in commit.select(list(include))], "hf": str(HF),
+        "hf_home": str(tmp / "hf-home"), "token_file": token_file,
+    }
+
+
+@needs_hf_cli
+def test_script_fetches_verifies_and_records(store, url, tmp_path):
+    commit = models.hub_commit(url, REPO, "main")
+    dest = tmp_path / "model"
+    (dest / "stale.bin").parent.mkdir(parents=True)
+    (dest / "stale.bin").write_bytes(b"old revision")
+    req = _request(commit, dest, url, include=["*.json", "*.safetensors"], tmp=tmp_path)
+    doc = fm.run(req)
+    assert doc["sha"] == store["sha"] and not (dest / "stale.bin").exists()
+    assert set(doc["files"]) == {f.path for f in commit.select(["*.json", "*.safetensors"])}
+    for path, digest in doc["sha256"].items():
+        assert hashlib.sha256((dest / path).read_bytes()).hexdigest() == digest
+    on_disk = json.loads((dest / fm.RECORD).read_text())
+    assert on_disk["files"] == doc["files"]
+
+
+@needs_hf_cli
+def test_script_refuses_a_corrupt_file_names_it_and_refetches_next_time(store, url, tmp_path):
+    commit = models.hub_commit(url, REPO, "main")
+    dest = tmp_path / "model"
+    req = _request(commit, dest, url, include=["*.safetensors"], tmp=tmp_path)
+    fm.run(req)
+    shard = "model.safetensors-00002-of-00002.safetensors"
+    data = bytearray((dest / shard).read_bytes())
+    data[1000] ^= 0xFF  # same size: only the sha256 tells
+    (dest / shard).write_bytes(bytes(data))
+    (dest / fm.RECORD).unlink()
+    with pytest.raises(fm.Failure, match=f"{shard}: sha256"):
+        fm.run(req)  # hf keeps the file (its metadata says complete); the hash does not
+    assert not (dest / shard).exists() and not (dest / fm.RECORD).exists()
+    fm.run(req)
+    assert (dest / fm.RECORD).exists()
+
+
+@needs_hf_cli
+def test_script_fails_before_fetching_when_disk_is_short(store, url, tmp_path):
+    commit = models.hub_commit(url, REPO, "main")
+    dest = tmp_path / "model"
+    hub.hub_stats(url, reset=True)
+    req = _request(commit, dest, url, margin=10**18, tmp=tmp_path)
+    with pytest.raises(fm.Failure, match="not enough free disk.*nothing was fetched"):
+        fm.run(req)
+    assert hub.hub_stats(url)["total_bytes"] == 0
+    assert fm.present_files(dest) == {}
+
+
+# -- the fleet key -----------------------------------------------------------------------------
+
+
+def test_fleet_key_is_generated_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVEFLEET_CACHE", str(tmp_path))
+    private, public = depot.fleet_key({})
+    path = tmp_path / "fleet" / "depot_ed25519"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert public.startswith("ssh-ed25519 ") and public.endswith(" servefleet-fleet")
+    assert depot.fleet_key({}) == (private, public)
+    assert depot.fleet_key({"depot_ssh_key": str(path)}) == (private, public)
+
+
+def test_rsync_stats():
+    text = ("Number of files: 4 (reg: 4)\nLiteral data: 2,680,056 bytes\n"
+            "Matched data: 5,678,856 bytes\nTotal bytes received: 2,694,122\n")
+    stats = fm.rsync_stats(text)
+    assert stats["Matched data"] == 5_678_856 and stats["Total bytes received"] == 2_694_122
