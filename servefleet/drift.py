@@ -110,10 +110,10 @@ def _classify(state, host) -> list[Item]:
         op_data = state.get_op_data_for_host(host, op_hash)
         meta = state.op_meta[op_hash]
         name = " / ".join(sorted(meta.names))
-        if meta.names & _non_idempotent_names:
-            items.append(Item("operation", name, ALWAYS))
-        elif op_data.global_arguments.get("_if"):
+        if op_data.global_arguments.get("_if"):  # e.g. a restart when a dependency changed
             items.append(Item("operation", name, CONDITIONAL))
+        elif meta.names & _non_idempotent_names:
+            items.append(Item("operation", name, ALWAYS))
         elif op_data.operation_meta._maybe_is_change:
             items.append(Item("operation", name, DRIFTED, "no change", _command_text(op_data)))
         else:

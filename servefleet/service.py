@@ -6,11 +6,15 @@ depends on (unit, binary, venv, patch, model) changed in this run. `started()` t
 steps (health checks, smoke tests) whether the service was (re)started in this run, for `_if=`.
 """
 
+import shlex
 from dataclasses import dataclass
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files, server, systemd
+
+# files.template takes these as the uploaded file's owner and mode, not as template variables.
+RESERVED_CONTEXT = {"user", "group", "mode", "src", "dest", "create_remote_dir"}
 
 
 @dataclass
@@ -24,27 +28,37 @@ class ServiceRun:
         return self.ensure.did_change() or self.restart.did_change()
 
 
-@deploy("Service")
-def systemd_service(name: str, template: str, context: dict, depends_on: list = ()) -> ServiceRun:
-    """
-    Install `/etc/systemd/system/{name}` from a template and keep it as data says.
+def _restart_or_show_journal(unit: str) -> str:
+    # A failed (re)start names its cause: the unit's last journal lines go to pyinfra's output.
+    q = shlex.quote(unit)
+    return (f"systemctl restart {q} || {{ echo 'servefleet: {unit} failed to start; its journal:'"
+            f" >&2; journalctl -u {q} -n 40 --no-pager >&2; exit 1; }}")
 
-    + name: unit name, e.g. servefleet-llama.service
-    + template: jinja2 template under files/
-    + context: template variables
-    + depends_on: OperationMetas whose change requires a restart
+
+@deploy("Service")
+def systemd_service(unit: str, template: str, context: dict, depends_on: list = ()) -> ServiceRun:
     """
-    unit = files.template(name=f"Unit {name}", src=template, dest=f"/etc/systemd/system/{name}",
-                          mode="644", **context)
-    systemd.daemon_reload(name="Reload systemd (unit changed)", _if=unit.did_change)
+    Install `/etc/systemd/system/{unit}` from a template and keep it as data says.
+
+    + unit: unit name, e.g. servefleet-llama.service (positional: `name=` is the deploy's title)
+    + template: jinja2 template under files/
+    + context: template variables (not user/group/mode: see RESERVED_CONTEXT)
+    + depends_on: OperationMetas (or objects with did_change()) whose change requires a restart
+    """
+    clash = RESERVED_CONTEXT & set(context)
+    if clash:
+        raise ValueError(f"template variables {sorted(clash)} clash with files.template's own "
+                         "arguments; rename them (e.g. service_user)")
+    unit_op = files.template(name=f"Unit {unit}", src=template,
+                             dest=f"/etc/systemd/system/{unit}", mode="644", **context)
+    systemd.daemon_reload(name="Reload systemd (unit changed)", _if=unit_op.did_change)
     running = host.data.service_state == "running"
-    ensure = systemd.service(name=f"{name} {host.data.service_state}", service=name,
+    ensure = systemd.service(name=f"{unit} {host.data.service_state}", service=unit,
                              running=running, enabled=host.data.service_enabled)
-    deps = [unit, *depends_on]
-    restart = systemd.service(
-        name=f"Restart {name} (a dependency changed)", service=name, running=True,
-        restarted=True,
+    deps = [unit_op, *depends_on]
+    restart = server.shell(
+        name=f"Restart {unit} (a dependency changed)", commands=[_restart_or_show_journal(unit)],
         # Not when stopped by data, and not twice when `ensure` has just started it.
         _if=lambda: running and not ensure.did_change() and any(d.did_change() for d in deps),
     )
-    return ServiceRun(unit=unit, ensure=ensure, restart=restart)
+    return ServiceRun(unit=unit_op, ensure=ensure, restart=restart)

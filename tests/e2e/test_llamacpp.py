@@ -1,0 +1,205 @@
+"""deploys/serve_q4_llamacpp.py on a real testbed host: real llama.cpp build (CPU), real server.
+
+The source is the llama.cpp vendored in PyPI's llama-cpp-python sdist, committed into the
+testbed's git mirror (servefleet/testing/llama_src.py); the model is a tiny qwen35moe GGUF with
+the real defect (MTP block counted in block_count, its tensors missing), served by the testbed hub.
+The tests run in file order: converge, converge again, the negative, a flag change.
+
+A cold build takes ~9 min on 2 cores; with the shared ccache warm, ~1-2 min.
+"""
+
+import json
+import runpy
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from servefleet import llamacpp
+from servefleet.converge import pyinfra
+from servefleet.hub import publish
+from servefleet.testbed.services import hub_root
+from servefleet.testbed.state import load_state
+from servefleet.testing.llama_src import ensure_mirror
+from servefleet.testing.tiny_models import build_tiny_gguf
+
+pytestmark = pytest.mark.e2e
+HOST = "rtx4090-1"
+DEPLOY = "deploys/serve_q4_llamacpp.py"
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_TIMEOUT = 40 * 60
+DEFECT_FLAG = "qwen35moe.block_count=int:4,qwen35moe.nextn_predict_layers=int:0"
+
+
+def _testbed_data() -> dict:
+    data = {}
+    for name in ("all", "rtx4090", "testbed_rtx4090", "testbed"):
+        data.update({k: v for k, v in runpy.run_path(str(ROOT / "group_data" / f"{name}.py")).items()
+                     if not k.startswith("__")})
+    return data
+
+
+DATA = _testbed_data()
+LLAMA = "/opt/servefleet/llama.cpp"
+
+
+@pytest.fixture(scope="module")
+def llama_env(testbed):
+    """The git mirror (its commit is the testbed's pin) and the tiny GGUF on the hub."""
+    commit = ensure_mirror()
+    assert commit == DATA["llamacpp_commit"], (
+        f"the testbed mirror's commit {commit} is not group_data/testbed_rtx4090.py's "
+        f"llamacpp_commit {DATA['llamacpp_commit']}: update the pin")
+    with tempfile.TemporaryDirectory() as src:  # publish copies the file into the hub's store
+        build_tiny_gguf(Path(src) / DATA["model_file"], layout="missing_mtp")
+        publish(hub_root(), DATA["model_repo"], src)
+    return {"hf_endpoint": load_state().services["hub"]["url"]}
+
+
+def converge(env: dict, **data):
+    start = time.monotonic()
+    run = pyinfra("inventory/testbed.py", DEPLOY, limit=HOST, data={**env, **data},
+                  timeout=BUILD_TIMEOUT)
+    run.seconds = time.monotonic() - start
+    print(f"[llamacpp] converge {data or ''}: rc {run.returncode}, {run.changed} changed, "
+          f"{run.seconds:.0f} s")
+    return run
+
+
+def op_results(output: str) -> dict[str, str]:
+    """Operation name (after the deploy's prefix) -> what pyinfra said for the host."""
+    results, current = {}, None
+    for line in output.splitlines():
+        if line.startswith("--> Starting operation: "):
+            current = line[len("--> Starting operation: "):].strip().split(" | ")[-1]
+        elif current and line.strip().startswith(f"[{HOST}] "):
+            results[current] = line.strip()[len(HOST) + 3:]
+            current = None
+    return results
+
+
+def curl(h, path: str, body: dict | None = None):
+    port = DATA["service_port"]
+    if body is None:
+        return h.run(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}{path}")
+    return h.run(f"curl -s -H 'Content-Type: application/json' -d '{json.dumps(body)}' "
+                 f"http://127.0.0.1:{port}{path}")
+
+
+def test_first_converge_builds_at_the_pin_and_serves_with_the_lint_fix(llama_env, th):
+    # From no llama.cpp at all, also on a kept testbed (SERVEFLEET_KEEP_TESTBED) that had it.
+    th(HOST).run("systemctl disable --now servefleet-llama.service; "
+                 f"rm -rf /etc/systemd/system/servefleet-llama.service {LLAMA}; systemctl daemon-reload")
+    run = converge(llama_env)
+    assert run.returncode == 0, run.output[-5000:]
+    assert run.errors == 0
+    ops = op_results(run.output)
+    assert ops["Wait for http://127.0.0.1:8080/health"] == "Success"
+    assert ops["One chat completion (smoke test)"] == "Success"
+    h = th(HOST)
+    name = llamacpp.build_name(DATA)
+    assert h.run(f"git -C {LLAMA}/src rev-parse HEAD").stdout.strip() == DATA["llamacpp_commit"]
+    assert h.file(f"{LLAMA}/current").linked_to == f"{LLAMA}/{name}"
+    record = json.loads(h.file(f"{LLAMA}/{name}/build.json").content_string)
+    assert record["commit"] == DATA["llamacpp_commit"] and record["tag"] == DATA["llamacpp_tag"]
+    assert record["cmake_flags"] == DATA["llamacpp_cmake_flags"]
+    version = h.run(f"{LLAMA}/current/bin/llama-server --version")
+    assert record["version"].startswith("version:") and record["version"] in \
+        " ".join((version.stdout + version.stderr).split())
+    print(f"[llamacpp] built {name} in {record['build_seconds']} s: {record['version']}")
+
+    unit = h.file("/etc/systemd/system/servefleet-llama.service").content_string
+    exec_start = next(l for l in unit.splitlines() if l.startswith("ExecStart="))
+    assert f" --override-kv {DEFECT_FLAG}" in exec_start and exec_start.count("--override-kv") == 1
+    assert "Environment=GGML_CUDA_NO_PINNED=1" in unit and "User=servefleet" in unit
+    assert h.service("servefleet-llama.service").is_running
+    assert h.process.get(comm="llama-server").user == "servefleet"
+    assert curl(h, "/health").stdout == "200"
+    reply = json.loads(curl(h, "/v1/chat/completions", {
+        "model": DATA["served_model_name"], "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hello"}]}).stdout)
+    assert reply["choices"][0]["message"]["role"] == "assistant"
+    assert h.run("journalctl -u servefleet-llama -o cat | grep 'servefleet preflight: ok'").rc == 0
+
+
+def test_second_converge_changes_nothing_and_builds_nothing(llama_env, th):
+    pid = th(HOST).process.get(comm="llama-server").pid
+    run = converge(llama_env)
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.changed == 0 and run.no_change == run.operations > 0
+    assert th(HOST).process.get(comm="llama-server").pid == pid  # not restarted
+
+
+def test_without_the_override_the_gguf_fails_to_load(llama_env, th):
+    run = converge(llama_env, llamacpp_gguf_overrides=False)
+    assert run.returncode != 0
+    # The health step fails this host with the journal: llama.cpp's own words.
+    assert "check_tensor_dims: tensor 'blk.4.attn_norm.weight' not found" in run.output
+    assert "exited before becoming healthy" in run.output
+    h = th(HOST)
+    unit = h.file("/etc/systemd/system/servefleet-llama.service").content_string
+    assert "--override-kv" not in next(l for l in unit.splitlines() if l.startswith("ExecStart="))
+    journal = h.run("journalctl -u servefleet-llama -o cat --no-pager").stdout
+    assert "blk.4.attn_norm.weight" in journal
+
+    # ExecStartPre refuses to start when memory is short, with the numbers in the journal.
+    short = converge(llama_env, llamacpp_ram_reserve_bytes=1024**5)
+    assert short.returncode != 0  # the restart's start job fails: ExecStartPre refused
+    journal = h.run("journalctl -u servefleet-llama -o cat --no-pager -n 50").stdout
+    assert "servefleet preflight: refusing to start llama-server: available RAM" in journal
+    assert "reserve 1048576.00 GiB)" in journal
+
+    back = converge(llama_env)  # data back to normal: the lint's fix again, healthy again
+    assert back.returncode == 0, back.output[-3000:]
+    assert curl(h, "/health").stdout == "200"
+
+
+def test_a_flag_change_builds_a_new_prefix_and_switches_current(llama_env, th):
+    h = th(HOST)
+    old = llamacpp.build_name(DATA)
+    # LLAMA_TOOLS_INSTALL only changes install rules: same compile lines, so ccache hits.
+    flags = {**DATA["llamacpp_cmake_flags"], "LLAMA_TOOLS_INSTALL": "OFF"}
+    new = llamacpp.build_name({**DATA, "llamacpp_cmake_flags": flags})
+    assert new != old
+    run = converge(llama_env, llamacpp_cmake_flags=json.dumps(flags))
+    assert run.returncode == 0, run.output[-3000:]
+    assert h.file(f"{LLAMA}/current").linked_to == f"{LLAMA}/{new}"
+    assert h.file(f"{LLAMA}/{old}/bin/llama-server").exists  # the old build is kept
+    record = json.loads(h.file(f"{LLAMA}/{new}/build.json").content_string)
+    assert record["cmake_flags"]["LLAMA_TOOLS_INSTALL"] == "OFF"
+    print(f"[llamacpp] rebuild after a flag change: {record['build_seconds']} s")
+    assert op_results(run.output)["One chat completion (smoke test)"] == "Success"  # restarted
+    assert curl(h, "/health").stdout == "200"
+
+    # Back to the shipped flags: the old build is still there, so only `current` moves.
+    back = converge(llama_env)
+    assert back.returncode == 0, back.output[-3000:]
+    ops = op_results(back.output)
+    assert ops[f"Build llama-server {DATA['llamacpp_tag']} ({DATA['llamacpp_commit'][:10]}) -> {old}"] \
+        == "No changes"
+    assert ops[f"llama.cpp current -> {old}"] == "Success"
+    assert h.file(f"{LLAMA}/current").linked_to == f"{LLAMA}/{old}"
+    assert curl(h, "/health").stdout == "200"
+
+
+def test_api_key_file_is_copied_0600_and_required(llama_env, th, tmp_path):
+    h = th(HOST)
+    key = tmp_path / "llama.key"
+    key.write_text("sk-servefleet-test\n")
+    run = converge(llama_env, api_key_file=str(key))
+    assert run.returncode == 0, run.output[-3000:]
+    assert op_results(run.output)["One chat completion (smoke test)"] == "Success"  # with the key
+    f = h.file("/opt/servefleet/etc/llama-api-key")
+    assert f.mode == 0o600 and f.user == "servefleet" and f.content_string.strip() == "sk-servefleet-test"
+    body = {"model": DATA["served_model_name"], "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]}
+    port = DATA["service_port"]
+    denied = h.run(f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' "
+                   f"-d '{json.dumps(body)}' http://127.0.0.1:{port}/v1/chat/completions")
+    assert denied.stdout == "401"
+
+    back = converge(llama_env)  # no key in data: the file goes, the service restarts without it
+    assert back.returncode == 0, back.output[-3000:]
+    assert not h.file("/opt/servefleet/etc/llama-api-key").exists
+    assert "choices" in curl(h, "/v1/chat/completions", body).stdout
