@@ -63,3 +63,73 @@ class VllmModelFile(FactBase):
 
     def process(self, output: list[str]) -> str | None:
         return _only_one(output, "vLLM model file")
+
+
+class DistVersions(FactBase):
+    """
+    ``{distribution: version}`` of the given distributions installed in ``venv``, read from
+    their ``*.dist-info/METADATA`` headers (no import); a missing one is absent from the dict.
+
+        host.get_fact(DistVersions, venv="/opt/servefleet/venvs/vllm-0.24.0",
+                      names=("torch", "vllm"))   # {"torch": "2.11.0", "vllm": "0.24.0"}
+    """
+
+    default = dict  # no output: nothing installed
+
+    def command(self, venv: str, names: tuple[str, ...] = ("torch", "vllm")) -> StringCommand:
+        # dist-info directories use the normalised name with "_" (e.g. flash_attn-2.8.dist-info).
+        globs = [_venv_glob(venv, f"{n.replace('-', '_')}-*.dist-info/METADATA") for n in names]
+        loop = ('; do test -f "$f" && sed -n "/^$/q; s/^Name: */name=/p; s/^Version: */version=/p"'
+                ' "$f"; done; true')
+        return StringCommand("for f in", *globs, loop)
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        name = None
+        for line in output:
+            line = line.strip()
+            if line.startswith("name="):
+                name = line[5:].strip().lower().replace("_", "-")
+            elif line.startswith("version=") and name:
+                if name in found:
+                    raise FactProcessError(f"more than one installed version of {name}")
+                found[name] = line[8:].strip()
+                name = None
+        return found
+
+
+class TorchCuda(FactBase):
+    """
+    ``torch.version.cuda`` of the torch in ``venv`` ("13.0"; ``""`` for a CPU build), read
+    from ``torch/version.py`` without importing torch (that needs the CUDA libraries), or
+    ``None`` when there is no torch.
+    """
+
+    def command(self, venv: str) -> StringCommand:
+        version_py = _venv_glob(venv, "torch/version.py")
+        # version.py only imports typing: run it on its own with the venv's python.
+        run = ('; do test -f "$f" && "$py" -I -c "import runpy, sys; '
+               "print('cuda=' + (runpy.run_path(sys.argv[1])['cuda'] or ''))\" \"$f\"; done; true")
+        py = StringCommand("py=", QuoteString(f"{venv.rstrip('/')}/bin/python"), _separator="")
+        return StringCommand(py, "; for f in", version_py, run)
+
+    def process(self, output: list[str]) -> str | None:
+        values = [line.strip()[5:] for line in output if line.strip().startswith("cuda=")]
+        if len(values) > 1:
+            raise FactProcessError(f"more than one torch/version.py: {values}")
+        return values[0] if values else None
+
+
+class SafetensorsBytes(FactBase):
+    """Sum of the sizes of ``*.safetensors`` in ``path`` (symlinks followed), 0 for none."""
+
+    default = int  # no output: 0
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand(
+            "find -L", QuoteString(path), "-maxdepth 1 -name '*.safetensors' -type f",
+            "-printf '%s\\n' 2>/dev/null; true",
+        )
+
+    def process(self, output: list[str]) -> int:
+        return sum(int(line) for line in output if line.strip().isdigit())

@@ -22,10 +22,14 @@ class ServiceRun:
     unit: object  # OperationMeta of the unit upload
     ensure: object  # OperationMeta of "running/stopped + enabled"
     restart: object  # OperationMeta of the conditional restart
+    running: bool  # data wants it running (service_state)
 
     def started(self) -> bool:
-        """True when this run started or restarted the service (call at execution time)."""
-        return self.ensure.did_change() or self.restart.did_change()
+        """True when this run started or restarted the service (call at execution time).
+
+        `ensure` also changes when a stopped-by-data unit is only enabled: that is no start.
+        """
+        return self.running and (self.ensure.did_change() or self.restart.did_change())
 
 
 def _restart_or_show_journal(unit: str) -> str:
@@ -61,4 +65,4 @@ def systemd_service(unit: str, template: str, context: dict, depends_on: list = 
         # Not when stopped by data, and not twice when `ensure` has just started it.
         _if=lambda: running and not ensure.did_change() and any(d.did_change() for d in deps),
     )
-    return ServiceRun(unit=unit_op, ensure=ensure, restart=restart)
+    return ServiceRun(unit=unit_op, ensure=ensure, restart=restart, running=running)

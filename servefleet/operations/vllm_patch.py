@@ -22,10 +22,10 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
-from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha256File
 
 from servefleet.facts_vllm import VllmModelFile, VllmVersion
+from servefleet.operations.node import fail_host
 from servefleet.paths import REPO_ROOT
 
 PATCH_ROOT = REPO_ROOT / "files" / "patches" / "vllm"
@@ -78,29 +78,35 @@ class _NodeState:
     def orig(self) -> str:
         return f"{self.path}.orig"
 
-    def refuse(self, problem: str, fix: str) -> OperationError:
-        """An error that says what was found, that nothing changed, and what to do."""
-        return OperationError(
+    def refuse(self, problem: str, fix: str) -> StringCommand:
+        """Fail this host only, saying what was found, that nothing changed, and what to do."""
+        return _refuse(
             f"vLLM {self.version} in {self.venv}: {problem}; {self.path} left untouched. {fix}"
         )
 
 
-def _node_state(venv: str) -> _NodeState:
-    """Read the facts; stop the host when vLLM, its file or its recorded patch is missing."""
+def _refuse(message: str) -> StringCommand:
+    """The command that fails this host with `message` (other hosts go on)."""
+    return fail_host(f"{host.name}: {message}")
+
+
+def _node_state(venv: str) -> _NodeState | StringCommand:
+    """Read the facts; when vLLM, its file or its recorded patch is missing, the command that
+    stops this host instead (yield it)."""
     version = host.get_fact(VllmVersion, venv=venv)
     if version is None:
-        raise OperationError(
+        return _refuse(
             f"no vLLM in {venv} (no lib/python3.*/site-packages/vllm-*.dist-info/METADATA); "
             "check the venv path"
         )
     path = host.get_fact(VllmModelFile, venv=venv, filename=MODEL_FILE)
     if path is None:
-        raise OperationError(f"vLLM {version} in {venv} has no model file {MODEL_FILE}")
+        return _refuse(f"vLLM {version} in {venv} has no model file {MODEL_FILE}")
     sha256 = host.get_fact(Sha256File, path=path)
 
     patch = recorded_patch(version)
     if patch is None:
-        raise OperationError(
+        return _refuse(
             f"vLLM {version} in {venv}: no patch recorded for this version "
             f"(recorded: {', '.join(recorded_versions()) or 'none'}); {path} "
             f"(sha256 {sha256}) left untouched. Install a recorded version, or record "
@@ -132,7 +138,9 @@ def apply(venv: str):
 
     The file must be the pristine one of that version (by sha256); a copy is kept as
     ``qwen3_5.py.orig`` (written once, never overwritten) and the result must match the
-    recorded patched sha256. Anything unexpected stops the host and changes nothing.
+    recorded patched sha256. Anything unexpected (no vLLM, a version without a recorded
+    patch, a modified file or backup) fails this host only, with what was found and what to
+    do, and changes nothing; other hosts go on.
 
     **Example:**
 
@@ -145,30 +153,36 @@ def apply(venv: str):
         )
     """
     state = _node_state(venv)
+    if not isinstance(state, _NodeState):
+        yield state
+        return
     patch = state.patch
 
     if state.orig_sha256 not in (None, patch.pristine_sha256):
-        raise state.refuse(
+        yield state.refuse(
             f"the backup {state.orig} has sha256 {state.orig_sha256}, not the pristine "
             f"{patch.pristine_sha256}",
             f"Move it away (it is not vLLM's file). {_reinstall_hint(state)}",
         )
+        return
 
     if state.sha256 == patch.patched_sha256:
         if state.orig_sha256 is None:
-            raise state.refuse(
+            yield state.refuse(
                 f"the file is patched but its backup {state.orig} is missing",
                 _reinstall_hint(state),
             )
+            return
         host.noop(f"{state.path} is already patched for vLLM {state.version}")
         return
 
     if state.sha256 != patch.pristine_sha256:
-        raise state.refuse(
+        yield state.refuse(
             f"the file has sha256 {state.sha256}, which is neither the pristine "
             f"({patch.pristine_sha256}) nor the patched ({patch.patched_sha256}) one",
             _reinstall_hint(state),
         )
+        return
 
     # Upload the patch and the applier to temp files; the applier re-checks every hash
     # before it writes, and the temp files go whatever its exit status.
@@ -213,23 +227,28 @@ def revert(venv: str):
         )
     """
     state = _node_state(venv)
+    if not isinstance(state, _NodeState):
+        yield state
+        return
     pristine = state.patch.pristine_sha256
 
     if state.orig_sha256 is None:
         if state.sha256 == pristine:
             host.noop(f"{state.path} is vLLM {state.version}'s own file")
             return
-        raise state.refuse(
+        yield state.refuse(
             f"no backup {state.orig} to restore, and the file has sha256 {state.sha256}",
             _reinstall_hint(state),
         )
+        return
 
     if state.orig_sha256 != pristine:
-        raise state.refuse(
+        yield state.refuse(
             f"the backup {state.orig} has sha256 {state.orig_sha256}, not the pristine "
             f"{pristine}",
             _reinstall_hint(state),
         )
+        return
 
     # mv keeps the backup's mode and mtime: those of the file pip installed.
     yield StringCommand("mv", "-f", QuoteString(state.orig), QuoteString(state.path))

@@ -209,6 +209,26 @@ def test_unknown_version_is_refused_untouched(tmp_path):
     assert not target.with_name("qwen3_5.py.orig").exists()
 
 
+def test_refusal_fails_only_this_host_not_the_run(tmp_path):
+    """A refusal is a failing command of this host (servefleet.operations.node.fail_host), not
+    an exception while pyinfra prepares: the plan is still made (other hosts would go on) and
+    only executing it fails the host, with the message."""
+    venv = make_venv(tmp_path, "0.24.0", metadata_version="0.25.0")
+    before = sha256(model_file(venv))
+
+    dry = pyinfra("apply", venv, tmp_path, "--dry", "--json")
+    done = pyinfra("apply", venv, tmp_path, "-y")
+
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    plan = json.loads(dry.stdout.strip().splitlines()[-1])["plan"][0]
+    assert plan["hosts_with_change"] == ["@local"]
+    assert done.returncode == 1
+    output = done.stdout + done.stderr
+    assert "[@local] servefleet: @local: vLLM 0.25.0" in output
+    assert "[@local] Error: executed 0 commands" in output
+    assert sha256(model_file(venv)) == before
+
+
 def test_node_applier_writes_nothing_when_the_result_is_not_the_recorded_one(tmp_path):
     """The node-side script checks the patched hash before it writes anything."""
     venv = make_venv(tmp_path, "0.24.0")
