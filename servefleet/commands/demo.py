@@ -1,6 +1,5 @@
 """`servefleet demo`: the whole story on the local testbed, in one go (README's first command)."""
 
-import sys
 
 from rich.console import Console
 

@@ -2,7 +2,6 @@
 
 import json
 import logging
-import sys
 
 from rich.console import Console
 from rich.table import Table

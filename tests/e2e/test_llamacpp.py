@@ -9,8 +9,6 @@ A cold build takes ~9 min on 2 cores; with the shared ccache warm, ~1-2 min.
 """
 
 import json
-import runpy
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,11 +16,8 @@ import pytest
 
 from servefleet import llamacpp
 from servefleet.converge import pyinfra
-from servefleet.hub import publish
-from servefleet.testbed.services import hub_root
+from servefleet.testbed import material
 from servefleet.testbed.state import load_state
-from servefleet.testing.llama_src import ensure_mirror
-from servefleet.testing.tiny_models import build_tiny_gguf
 
 pytestmark = pytest.mark.e2e
 HOST = "rtx4090-1"
@@ -32,28 +27,14 @@ BUILD_TIMEOUT = 40 * 60
 DEFECT_FLAG = "qwen35moe.block_count=int:4,qwen35moe.nextn_predict_layers=int:0"
 
 
-def _testbed_data() -> dict:
-    data = {}
-    for name in ("all", "rtx4090", "testbed_rtx4090", "testbed"):
-        data.update({k: v for k, v in runpy.run_path(str(ROOT / "group_data" / f"{name}.py")).items()
-                     if not k.startswith("__")})
-    return data
-
-
-DATA = _testbed_data()
+DATA = material.RTX4090
 LLAMA = "/opt/servefleet/llama.cpp"
 
 
 @pytest.fixture(scope="module")
 def llama_env(testbed):
     """The git mirror (its commit is the testbed's pin) and the tiny GGUF on the hub."""
-    commit = ensure_mirror()
-    assert commit == DATA["llamacpp_commit"], (
-        f"the testbed mirror's commit {commit} is not group_data/testbed_rtx4090.py's "
-        f"llamacpp_commit {DATA['llamacpp_commit']}: update the pin")
-    with tempfile.TemporaryDirectory() as src:  # publish copies the file into the hub's store
-        build_tiny_gguf(Path(src) / DATA["model_file"], layout="missing_mtp")
-        publish(hub_root(), DATA["model_repo"], src)
+    material.prepare(spark=False)
     return {"hf_endpoint": load_state().services["hub"]["url"]}
 
 

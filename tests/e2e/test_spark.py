@@ -15,20 +15,16 @@ import os
 import shlex
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from servefleet.converge import pyinfra
-from servefleet.hub import publish
 from servefleet.operations.vllm_patch import recorded_patch
 from servefleet.paths import REPO_ROOT
 from servefleet.testbed import hosts as tb_hosts
-from servefleet.testbed.services import hub_root
 from servefleet.testbed.state import load_state
-from servefleet.testing.tiny_models import build_tiny_checkpoint
-from servefleet.testing.wheels import cache_lock, cache_subdir, vllm_wheel, wheel_member
+from servefleet.testbed import material
+from servefleet.testing.wheels import vllm_wheel, wheel_member
 
 pytestmark = pytest.mark.e2e
 
@@ -45,43 +41,10 @@ QWEN = f"{SITE}/vllm/model_executor/models/qwen3_5.py"
 GUEST_PYTHON = "3.11"
 
 
-def torch_wheel() -> Path:
-    """PyPI's torch 2.11.0 wheel for the guests (x86_64, CPython 3.11), downloaded once."""
-    wheels = cache_subdir("wheels")
-    with cache_lock("torch-2.11.0-cp311-wheel"):
-        found = sorted(wheels.glob("torch-2.11.0-cp311-cp311-manylinux*_x86_64.whl"))
-        if not found:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                            "--only-binary=:all:", "--python-version", GUEST_PYTHON,
-                            "--platform", "manylinux_2_28_x86_64", "--dest", str(wheels),
-                            "torch==2.11.0"], check=True)
-            found = sorted(wheels.glob("torch-2.11.0-cp311-cp311-manylinux*_x86_64.whl"))
-    return found[-1]
-
-
-def stock_wheelhouse() -> None:
-    """The real vLLM and torch wheels in the guests' wheelhouse (/var/cache/servefleet/wheels)."""
-    house = tb_hosts.shared_dir() / "wheels"
-    for wheel in (vllm_wheel("0.24.0"), torch_wheel()):
-        dest = house / wheel.name
-        if not dest.exists():
-            tmp = house / f".{wheel.name}.tmp"
-            try:
-                os.link(wheel, tmp)
-            except OSError:
-                import shutil
-
-                shutil.copyfile(wheel, tmp)
-            os.replace(tmp, dest)
-
-
 @pytest.fixture(scope="module")
 def bf16(testbed):
     """Wheelhouse stocked and the tiny checkpoint published on the local hub's branch."""
-    stock_wheelhouse()
-    with tempfile.TemporaryDirectory() as tmp:
-        build_tiny_checkpoint(tmp, visual=False, mtp=False)
-        publish(hub_root(), REPO, tmp, branch=BRANCH, message="tiny Qwen3.5-MoE for the testbed")
+    material.prepare(rtx4090=False)
     return testbed
 
 

@@ -4,11 +4,10 @@ import os
 import signal
 import socket
 import subprocess
-import time
 
 import pytest
 
-from servefleet.testbed import hosts, lifecycle, net
+from servefleet.testbed import hosts, lifecycle
 from servefleet.testbed import state as tb_state
 from servefleet.testbed.state import load_state
 

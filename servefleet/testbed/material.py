@@ -1,0 +1,104 @@
+"""What the testbed's recipes need besides hosts: real wheels, the llama.cpp mirror, tiny models.
+
+One place for the tests, `servefleet demo` and the benchmarks:
+
+- the wheelhouse (guests: /var/cache/servefleet/wheels) holds PyPI's real torch 2.11.0 (cp311,
+  the guests' Python) and vLLM 0.24.0 wheels; the spark hosts install them with python_no_deps;
+- the git mirror (guests: /var/cache/servefleet/git/llama.cpp.git) holds the llama.cpp source
+  vendored in PyPI's llama-cpp-python sdist at a deterministic commit (the testbed's pin);
+- the local hub holds a tiny Qwen3.5-MoE checkpoint (no visual.*, no mtp.*) on the branch
+  `testbed-tiny` of the real repo id, and a tiny qwen35moe GGUF with the real missing-MTP defect.
+Every step is idempotent and cached: only the first call on a machine downloads or builds.
+"""
+
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from servefleet.hub import publish
+from servefleet.paths import REPO_ROOT
+from servefleet.testbed import hosts
+from servefleet.testbed.services import hub_root
+from servefleet.testing.llama_src import ensure_mirror
+from servefleet.testing.tiny_models import build_tiny_checkpoint, build_tiny_gguf
+from servefleet.testing.wheels import cache_lock, cache_subdir, vllm_wheel
+
+GUEST_PYTHON = "3.11"  # Debian 12's Python
+
+
+def group_data(*names: str) -> dict:
+    """The values group_data files give, applied in order (as pyinfra does for a testbed host)."""
+    data = {}
+    for name in names:
+        values = runpy.run_path(str(REPO_ROOT / "group_data" / f"{name}.py"))
+        data.update({k: v for k, v in values.items() if not k.startswith("__")})
+    return data
+
+
+SPARK = group_data("all", "spark", "testbed_spark", "testbed")
+RTX4090 = group_data("all", "rtx4090", "testbed_rtx4090", "testbed")
+
+
+def torch_wheel() -> Path:
+    """PyPI's torch 2.11.0 wheel for the guests (x86_64, CPython 3.11), downloaded once."""
+    wheels = cache_subdir("wheels")
+    with cache_lock("torch-2.11.0-cp311-wheel"):
+        found = sorted(wheels.glob("torch-2.11.0-cp311-cp311-manylinux*_x86_64.whl"))
+        if not found:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                            "--only-binary=:all:", "--python-version", GUEST_PYTHON,
+                            "--platform", "manylinux_2_28_x86_64", "--dest", str(wheels),
+                            "torch==2.11.0"], check=True)
+            found = sorted(wheels.glob("torch-2.11.0-cp311-cp311-manylinux*_x86_64.whl"))
+    return found[-1]
+
+
+def stock_wheelhouse() -> None:
+    """The real vLLM and torch wheels in the guests' wheelhouse (hard links into the cache)."""
+    house = hosts.shared_dir() / "wheels"
+    for wheel in (vllm_wheel(SPARK["vllm_version"]), torch_wheel()):
+        dest = house / wheel.name
+        if not dest.exists():
+            tmp = house / f".{wheel.name}.tmp"
+            try:
+                os.link(wheel, tmp)
+            except OSError:
+                shutil.copyfile(wheel, tmp)
+            os.replace(tmp, dest)
+
+
+def publish_spark_checkpoint() -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        build_tiny_checkpoint(tmp, visual=False, mtp=False)
+        return publish(hub_root(), SPARK["model_repo"], tmp, branch=SPARK["model_revision"],
+                       message="tiny Qwen3.5-MoE for the testbed")
+
+
+def publish_gguf() -> str:
+    with tempfile.TemporaryDirectory() as src:  # publish copies the file into the hub's store
+        build_tiny_gguf(Path(src) / RTX4090["model_file"], layout="missing_mtp")
+        return publish(hub_root(), RTX4090["model_repo"], src)
+
+
+def llama_mirror() -> str:
+    commit = ensure_mirror()
+    if commit != RTX4090["llamacpp_commit"]:
+        raise RuntimeError(f"the testbed mirror's commit {commit} is not group_data/"
+                           f"testbed_rtx4090.py's llamacpp_commit {RTX4090['llamacpp_commit']}")
+    return commit
+
+
+def prepare(spark: bool = True, rtx4090: bool = True, log=print) -> None:
+    """Everything both recipes need on the testbed; cheap once done."""
+    if spark:
+        log("testbed material: torch + vLLM wheels, tiny checkpoint on the hub")
+        stock_wheelhouse()
+        publish_spark_checkpoint()
+    if rtx4090:
+        log("testbed material: llama.cpp mirror, tiny GGUF on the hub")
+        llama_mirror()
+        publish_gguf()
