@@ -3,9 +3,10 @@
 #   pyinfra inventory/fleet.py deploys/depot.py --limit depot
 from pyinfra import local
 
-from servefleet import depot
+from servefleet import base, depot
 
-local.include("deploys/base.py")  # preflight, packages, service user and tree, tools venv
+if base.for_role("depot", "depot"):  # hosts of other roles: a visible no-op
+    local.include("deploys/base.py")  # preflight, packages, service user and tree, tools venv
 
-depot.validate_data()  # depot_store, depot_models and the model keys; stops the run if bad
-depot.serve()  # read-only rsync account for the fleet key, then each model fetched + verified
+    depot.validate_data()  # depot_store, depot_models and the model keys; stops the run if bad
+    depot.serve()  # read-only rsync account for the fleet key, then each model fetched + verified

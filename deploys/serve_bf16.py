@@ -3,32 +3,33 @@
 # Knobs: group_data/spark.py (docs/spark.md). A failing check stops only the host concerned.
 from servefleet import base, vllm
 
-base.validate_data(extra=vllm.KEYS)  # bad data stops the whole run here, before any change
+if base.for_role("spark", "serve_bf16"):  # hosts of other roles: a visible no-op
+    base.validate_data(extra=vllm.KEYS)  # bad data stops the whole run here, before any change
 
-# Base: preflight (aarch64, GPU + driver, disk), OS packages, the servefleet user and tree, uv.
-base.preflight()
-base.os_packages()
-base.service_user_and_tree()
-base.tools()
+    # Base: preflight (aarch64, GPU + driver, disk), OS packages, the servefleet user and tree, uv.
+    base.preflight()
+    base.os_packages()
+    base.service_user_and_tree()
+    base.tools()
 
-# Python environment: venvs/vllm-<version> made with uv, torch + vLLM pinned, read back
-# (versions and torch.version.cuda); a mismatch fails the host with both values.
-env = vllm.python_env()
+    # Python environment: venvs/vllm-<version> made with uv, torch + vLLM pinned, read back
+    # (versions and torch.version.cuda); a mismatch fails the host with both values.
+    env = vllm.python_env()
 
-# vLLM patch: with --language-model-only, qwen3_5.py builds no vision tower (vllm_patch = True).
-patched = vllm.patch(env)
+    # vLLM patch: with --language-model-only, qwen3_5.py builds no vision tower (vllm_patch = True).
+    patched = vllm.patch(env)
 
-# Model: the checkpoint from the hub (or the depot), linted on the node against the recipe.
-model = vllm.model()
+    # Model: the checkpoint from the hub (or the depot), linted on the node against the recipe.
+    model = vllm.model()
 
-# Page cache: evict the model's files when vLLM sizes its pool from free memory (policy).
-vllm.page_cache(model, depends_on=[env.create, env.install, patched])
+    # Page cache: evict the model's files when vLLM sizes its pool from free memory (policy).
+    vllm.page_cache(model, depends_on=[env.create, env.install, patched])
 
-# Memory preflight: plan-kv (max_model_len, KV pool) and weights + pool + overhead vs usable.
-vllm.memory_preflight(model)
+    # Memory preflight: plan-kv (max_model_len, KV pool) and weights + pool + overhead vs usable.
+    vllm.memory_preflight(model)
 
-# Service: servefleet-vllm.service, restarted only when the venv, patch, model or unit changed.
-svc = vllm.service(env, model, depends_on=[patched])
+    # Service: servefleet-vllm.service, restarted only when the venv, patch, model or unit changed.
+    svc = vllm.service(env, model, depends_on=[patched])
 
-# Health, only when the service was (re)started in this run: /health, KV log vs plan-kv, a chat.
-vllm.health(model, svc)
+    # Health, only when the service was (re)started in this run: /health, KV log vs plan-kv, a chat.
+    vllm.health(model, svc)

@@ -25,6 +25,18 @@ def tools_venv() -> str:
     return f"{host.data.servefleet_root}/tools/venv"
 
 
+def for_role(role: str, deploy: str) -> bool:
+    """True on hosts of `role`; elsewhere a visible no-op ("acts on spark hosts only") and False.
+
+    Lets `pyinfra inventory/fleet.py deploys/serve_bf16.py` run over a mixed fleet safely.
+    """
+    if role in host.groups:
+        return True
+    node.skip(name=f"{deploy} acts on {role} hosts only: nothing to do on {host.name}",
+              reason=f"{host.name} is not a {role} host")
+    return False
+
+
 def validate_data(extra: dict | None = None) -> None:
     """Stop the whole run before any change if this host's data is missing or malformed."""
     schema.validate(host, {**schema.BASE, **(extra or {})})

@@ -94,8 +94,12 @@ def _command_text(op_data) -> str:
     """The first command the operation would run (masked, shortened), for 'found'."""
     try:
         for command in op_data.command_generator():
-            text = command.get_masked_value() if hasattr(command, "get_masked_value") \
-                else str(command)
+            if type(command).__name__ == "FileUploadCommand":  # say where, not the object
+                text = f"upload {command.dest}"
+            elif hasattr(command, "get_masked_value"):
+                text = command.get_masked_value()
+            else:
+                text = str(command)
             return text if len(text) <= 160 else text[:157] + "..."
     except Exception as exc:  # a failing fact while re-generating: report, don't crash
         return f"(could not render: {exc})"
@@ -125,6 +129,8 @@ def check(inventory_path: str, deploy_path: str, limit: list[str] | None = None,
           data: dict | None = None) -> Report:
     """Load `deploy_path` for every host of the inventory in check mode and classify it."""
     from pyinfra_cli.util import exec_file
+
+    from servefleet import drift_checks  # noqa: F401  (the recipes' deep checks register on import)
 
     report = Report(inventory_path, deploy_path)
     pyinfra_operation.generate_operation_name = _recording_generate_name

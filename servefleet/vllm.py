@@ -142,6 +142,16 @@ def serve_args(data, model: str) -> list[str]:
     return args + list(data.get("vllm_extra_args") or [])
 
 
+def unit_context(data, venv: str, model: str) -> dict:
+    """Variables of files/vllm/servefleet-vllm.service.j2 (also rendered by the drift check)."""
+    argv = [f"{venv}/bin/vllm", *serve_args(data, model)]
+    return {"run_as": data["servefleet_user"], "root": data["servefleet_root"], "venv": venv,
+            "exec_start": systemd_exec_line(argv),
+            "env_file": env_file(data) if data.get("api_key_file") else None,
+            "served_model_name": data["served_model_name"],
+            "timeout_start_s": data["health_timeout_s"]}
+
+
 def systemd_exec_line(argv: list[str]) -> str:
     """argv as an ExecStart= value, one option per continued line ('%' escaped for systemd)."""
     words = [shlex.quote(a).replace("%", "%%") for a in argv]
@@ -302,7 +312,6 @@ def service(env: PythonEnv, run, depends_on: list):
     from servefleet.service import systemd_service
 
     data = host.data.dict()
-    root, user = data["servefleet_root"], data["servefleet_user"]
     key_file = env_file(data)
     if data.get("api_key_file"):
         key = Path(data["api_key_file"]).expanduser().read_text().strip()
@@ -310,14 +319,9 @@ def service(env: PythonEnv, run, depends_on: list):
                            dest=key_file, user="root", group="root", mode="600")
     else:
         key_op = files.file(name=f"No API key file ({key_file})", path=key_file, present=False)
-    argv = [f"{env.venv}/bin/vllm", *serve_args(data, run.path)]
     # Positional: `name=` would be taken by pyinfra as the deploy's display name.
     return systemd_service(
-        UNIT, str(UNIT_TEMPLATE),
-        {"run_as": user, "root": root, "venv": env.venv, "exec_start": systemd_exec_line(argv),
-                 "env_file": key_file if data.get("api_key_file") else None,
-                 "served_model_name": data["served_model_name"],
-                 "timeout_start_s": data["health_timeout_s"]},
+        UNIT, str(UNIT_TEMPLATE), unit_context(data, env.venv, run.path),
         depends_on=[env.create, env.install, *depends_on, Changed(run), key_op],
     )
 

@@ -52,10 +52,12 @@ def print_report(report: drift.Report, console: Console, show_all: bool = False)
 
 
 def run(args) -> int:
+    from pyinfra_cli.util import parse_cli_arg
+
     data = {}
     for pair in args.data:
         key, _, value = pair.partition("=")
-        data[key] = value
+        data[key] = parse_cli_arg(value)  # as pyinfra's --data: JSON, ints and booleans parsed
     logging.getLogger("pyinfra").setLevel(logging.ERROR)  # our table is the output
     report = drift.check(args.inventory, args.deploy, limit=args.limit, data=data)
     if args.json:

@@ -70,3 +70,21 @@ def os_packages(packages: list[str]):
     # Wait for a dpkg lock held by e.g. unattended-upgrades at boot instead of failing.
     yield from apt.packages._inner(packages=missing, no_recommends=True,
                                    extra_install_args="-o DPkg::Lock::Timeout=300")
+
+
+@operation()
+def skip(reason: str):
+    """
+    Do nothing on this host, visibly: a recipe run on a host of another role.
+
+    + reason: shown as the operation's name in pyinfra's results
+
+    **Example:**
+
+    .. code:: python
+
+        node.skip(name="serve_bf16 acts on spark hosts only", reason="rtx4090-1 is rtx4090")
+    """
+    host.noop(reason)
+    return
+    yield  # a generator that yields nothing: no change

@@ -59,3 +59,10 @@ def test_preflight_fails_only_the_host_concerned(testbed, fleet_file):
     # pyinfra counts every remaining op of the failed host as an error; spark-1 had none.
     assert run.errors == run.operations // 2
     assert not any(l.strip().startswith("[spark-1]") and "Error" in l for l in run.output.splitlines())
+
+
+def test_a_recipe_on_a_host_of_another_role_is_a_visible_noop(testbed):
+    run = pyinfra("inventory/testbed.py", "deploys/serve_bf16.py", limit="depot-1")
+    assert run.returncode == 0, run.output[-2000:]
+    assert run.changed == 0 and run.operations == 1
+    assert "serve_bf16 acts on spark hosts only: nothing to do on depot-1" in run.output
