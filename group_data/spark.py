@@ -1,5 +1,5 @@
 # DGX Spark (GB10, aarch64, sm_121, 128 GB unified memory): BF16 vLLM recipe (deploys/serve_bf16.py).
-# Every key of the recipe is documented in docs/spark.md; servefleet/vllm.py KEYS checks them.
+# Every key of the recipe is documented in README.md (Recipe 1); servefleet/vllm.py KEYS checks them.
 expected_arch = "aarch64"  # DGX OS is Ubuntu 24.04 on Arm
 min_driver_version = 580  # GB10 ships with the 580 driver series
 min_free_disk_bytes = 100 * 1024**3  # venv (~10 GB) + BF16 weights (~70 GB) + headroom
@@ -37,3 +37,7 @@ vllm_extra_args = []  # further `vllm serve` arguments, e.g. ["--gpu-memory-util
 health_timeout_s = 1800  # seconds to wait for /health after a (re)start (loading ~70 GB takes minutes)
 # service_host / service_port / api_key_file / service_state: group_data/all.py. service_host
 # 127.0.0.1 keeps the API on the node; 0.0.0.0 exposes it on every interface: set api_key_file then.
+
+# --- Benchmark (servefleet bench): the roofline decode speed = bandwidth / bytes read per token
+memory_bandwidth_bytes_per_s = 273 * 10**9  # GB10 LPDDR5X: 273 GB/s
+bytes_per_token = 3 * 10**9 * 2  # ~3B active parameters x 2 bytes (BF16) read per token
