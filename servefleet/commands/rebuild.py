@@ -6,6 +6,7 @@ Stops the services, removes venvs, builds, units and state (the model store is k
 of them cannot be reached, and asks for confirmation unless --yes.
 """
 
+import json
 import logging
 import sys
 
@@ -22,6 +23,8 @@ def register(sub) -> None:
                    help="refuse when --limit selects more hosts than this (default 1)")
     p.add_argument("--purge-models", action="store_true", help="also delete the model store")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON summary instead of pyinfra's output")
     p.set_defaults(func=run)
 
 
@@ -55,10 +58,18 @@ def run(args) -> int:
     limit = ",".join(names)
     wipe = pyinfra(args.inventory, "deploys/teardown.py", limit=limit,
                    data={"purge_models": str(args.purge_models).lower()})
-    print(wipe.output)
-    if wipe.returncode != 0:
-        _say("teardown failed; not converging")
-        return 1
-    converge = pyinfra(args.inventory, args.deploy, limit=limit)
-    print(converge.output)
-    return 0 if converge.returncode == 0 else 1
+    converge = pyinfra(args.inventory, args.deploy, limit=limit) if wipe.returncode == 0 else None
+    ok = converge is not None and converge.returncode == 0
+    if args.json:
+        print(json.dumps({"hosts": names, "purge_models": args.purge_models,
+                          "teardown": {"ok": wipe.returncode == 0, "changed": wipe.changed},
+                          "converge": None if converge is None else
+                          {"ok": converge.returncode == 0, "changed": converge.changed,
+                           "errors": converge.errors}, "ok": ok}, indent=2))
+    else:
+        print(wipe.output)
+        if converge is None:
+            _say("teardown failed; not converging")
+        else:
+            print(converge.output)
+    return 0 if ok else 1

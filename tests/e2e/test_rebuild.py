@@ -33,8 +33,11 @@ def test_rebuilt_host_matches_a_fresh_one(testbed, th):
     assert host.run("mkdir -p /opt/servefleet/models/m && echo w > /opt/servefleet/models/m/w"
                     " && touch /opt/servefleet/state/stale-record").rc == 0
 
-    out = cli("rebuild", "inventory/testbed.py", DEPLOY, "--limit", "depot-1", "--yes")
+    out = cli("rebuild", "inventory/testbed.py", DEPLOY, "--limit", "depot-1", "--yes", "--json")
     assert out.returncode == 0, out.stderr + out.stdout[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["hosts"] == ["depot-1"] and summary["ok"]
+    assert summary["teardown"]["changed"] > 0 and summary["converge"]["changed"] > 0
     assert host.file("/opt/servefleet/models/m/w").exists  # models kept
     assert not host.file("/opt/servefleet/state/stale-record").exists  # state wiped
 
