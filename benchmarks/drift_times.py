@@ -22,13 +22,6 @@ from servefleet.converge import pyinfra  # noqa: E402
 from servefleet.paths import REPO_ROOT  # noqa: E402
 from servefleet.testbed import lifecycle  # noqa: E402
 
-ROLES = ("spark", "rtx4090", "depot")
-
-
-def names(n: int) -> list[str]:
-    return [f"{ROLES[i % 3]}-{i // 3 + 1}" for i in range(n)]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
@@ -39,7 +32,7 @@ def main() -> None:
     try:
         for n in (int(s) for s in args.sizes.split(",")):
             lifecycle.down(log=quiet)
-            lifecycle.up(names(n), log=quiet)
+            lifecycle.up(lifecycle.mixed_names(n), log=quiet)
             first = pyinfra("inventory/testbed.py", "deploys/base.py")
             assert first.returncode == 0, first.output[-2000:]
             times = []

@@ -19,13 +19,6 @@ from rich.table import Table  # noqa: E402
 from servefleet.converge import pyinfra  # noqa: E402
 from servefleet.testbed import lifecycle  # noqa: E402
 
-ROLES = ("spark", "rtx4090", "depot")
-
-
-def names(n: int) -> list[str]:
-    return [f"{ROLES[i % 3]}-{i // 3 + 1}" for i in range(n)]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
@@ -33,7 +26,7 @@ def main() -> None:
     args = ap.parse_args()
     quiet = lambda m: None  # noqa: E731
     rows = []
-    lifecycle.up(names(1), log=quiet)  # builds/caches the base image once, outside the timings
+    lifecycle.up(lifecycle.mixed_names(1), log=quiet)  # builds/caches the base image once, outside the timings
     lifecycle.down(log=quiet)
     for n in (int(s) for s in args.sizes.split(",")):
         ups, noops = [], []
@@ -41,7 +34,7 @@ def main() -> None:
             for _ in range(args.runs):
                 lifecycle.down(log=quiet)
                 t0 = time.monotonic()
-                lifecycle.up(names(n), log=quiet)
+                lifecycle.up(lifecycle.mixed_names(n), log=quiet)
                 ups.append(time.monotonic() - t0)
             first = pyinfra("inventory/testbed.py", "deploys/base.py")
             assert first.returncode == 0, first.output[-2000:]

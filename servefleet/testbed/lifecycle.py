@@ -21,6 +21,12 @@ HOST_TOOLS = {
 DEFAULT_HOSTS = ("spark-1", "rtx4090-1", "depot-1")
 
 
+def mixed_names(n: int) -> list[str]:
+    """n host names cycling through the roles: spark-1, rtx4090-1, depot-1, spark-2, ..."""
+    roles = ("spark", "rtx4090", "depot")
+    return [f"{roles[i % 3]}-{i // 3 + 1}" for i in range(n)]
+
+
 def ensure_host_packages(log=print) -> None:
     """Install the host packages the testbed needs, on first use only."""
     missing = sorted({pkg for tool, pkg in HOST_TOOLS.items() if not shutil.which(tool)})

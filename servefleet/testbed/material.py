@@ -12,15 +12,14 @@ Every step is idempotent and cached: only the first call on a machine downloads 
 """
 
 import os
-import runpy
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from servefleet.groupdata import load
 from servefleet.hub import publish
-from servefleet.paths import REPO_ROOT
 from servefleet.testbed import hosts
 from servefleet.testbed.services import hub_root
 from servefleet.testing.llama_src import ensure_mirror
@@ -30,17 +29,8 @@ from servefleet.testing.wheels import cache_lock, cache_subdir, vllm_wheel
 GUEST_PYTHON = "3.11"  # Debian 12's Python
 
 
-def group_data(*names: str) -> dict:
-    """The values group_data files give, applied in order (as pyinfra does for a testbed host)."""
-    data = {}
-    for name in names:
-        values = runpy.run_path(str(REPO_ROOT / "group_data" / f"{name}.py"))
-        data.update({k: v for k, v in values.items() if not k.startswith("__")})
-    return data
-
-
-SPARK = group_data("all", "spark", "testbed_spark", "testbed")
-RTX4090 = group_data("all", "rtx4090", "testbed_rtx4090", "testbed")
+SPARK = load("all", "spark", "testbed_spark", "testbed")
+RTX4090 = load("all", "rtx4090", "testbed_rtx4090", "testbed")
 
 
 def torch_wheel() -> Path:

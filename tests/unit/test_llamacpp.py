@@ -2,7 +2,6 @@
 
 import json
 import os
-import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from servefleet import llamacpp, schema
 from servefleet.operations import llamacpp as ops
+from servefleet.groupdata import load as group_data
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "files" / "llamacpp"
@@ -23,12 +23,6 @@ class FakeHost:
         self.data = data
 
 
-def group_data(*names):
-    data = {}
-    for name in names:
-        values = runpy.run_path(str(ROOT / "group_data" / f"{name}.py"))
-        data.update({k: v for k, v in values.items() if not k.startswith("__")})
-    return data
 
 
 PROD = ("all", "rtx4090")

@@ -4,7 +4,6 @@
 import hashlib
 import importlib.util
 import json
-import runpy
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from servefleet import depot, hub, models, schema
 from servefleet.testing.tiny_models import build_tiny_checkpoint
+from servefleet.groupdata import load as group_data
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "acme/tiny-model"
@@ -40,12 +40,6 @@ class FakeHost:
         self.data = FakeData(data)
 
 
-def group_data(*names):
-    data = {}
-    for name in names:
-        values = runpy.run_path(str(ROOT / "group_data" / f"{name}.py"))
-        data.update({k: v for k, v in values.items() if not k.startswith("__")})
-    return data
 
 
 @pytest.fixture(scope="module")

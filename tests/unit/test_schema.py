@@ -1,11 +1,11 @@
 """The recipe data schema: every shipped group_data file is valid; bad values are named."""
 
-import runpy
 from pathlib import Path
 
 import pytest
 
 from servefleet import schema
+from servefleet.groupdata import load as group_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,12 +16,6 @@ class FakeHost:
         self.data = data
 
 
-def group_data(*names):
-    data = {}
-    for name in names:
-        values = runpy.run_path(str(ROOT / "group_data" / f"{name}.py"))
-        data.update({k: v for k, v in values.items() if not k.startswith("__")})
-    return data
 
 
 @pytest.mark.parametrize("groups", [("all", "spark"), ("all", "rtx4090"), ("all", "depot"),
