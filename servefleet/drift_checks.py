@@ -21,7 +21,6 @@ import difflib
 import hashlib
 import json
 
-from pyinfra.api import FactBase
 from pyinfra.facts.files import FileContents, Sha1File, Sha256File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
