@@ -198,16 +198,6 @@ def preflight_path(data) -> str:
 # --- Steps of the recipe (read top to bottom by deploys/serve_q4_llamacpp.py) ------------------
 
 @dataclass
-class Changed:
-    """Adapts something with .changed() (a ModelRun) to what service deps need: did_change()."""
-
-    what: object
-
-    def did_change(self) -> bool:
-        return bool(self.what.changed())
-
-
-@dataclass
 class Build:
     name: str
     build: object  # OperationMeta: built in this run
@@ -288,7 +278,7 @@ def service(built: Build, run, depends_on: list = ()):
         # override_kv is called while the template renders, also at execution time: the lint of
         # the file downloaded in this very run.
         unit_context(data, override_kv=lambda: override_kv(data)),
-        depends_on=[built.build, built.switch, Changed(run), key_op, *depends_on],
+        depends_on=[built.build, built.switch, run, key_op, *depends_on],
     )
 
 

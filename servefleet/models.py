@@ -302,6 +302,8 @@ class ModelRun:
         """True when this run fetched, replaced or removed files of the model."""
         return self.fetch.did_change()
 
+    did_change = changed  # the OperationMeta spelling, so a ModelRun is a service dependency
+
 
 def check_args(repo_id, revision, include, dest) -> None:
     problems = []

@@ -222,16 +222,6 @@ def memory_verdict(config: dict, weights_bytes: int, usable_bytes: int, data) ->
 # --- Steps of the recipe (read top to bottom by deploys/serve_bf16.py) ------------------------
 
 @dataclass
-class Changed:
-    """Adapts something with .changed() (a ModelRun) to what service deps need: did_change()."""
-
-    what: object
-
-    def did_change(self) -> bool:
-        return bool(self.what.changed())
-
-
-@dataclass
 class PythonEnv:
     venv: str
     create: object  # OperationMeta of the venv
@@ -289,7 +279,7 @@ def page_cache(run, depends_on: list):
     script = f"{data['servefleet_root']}/bin/servefleet-evict-page-cache"
     files.put(name="Page-cache eviction script", src=str(EVICT_SCRIPT), dest=script, mode="755")
     applies = page_cache_applies(data)
-    deps = [Changed(run), *depends_on]
+    deps = [run, *depends_on]
     return vllm_serve.evict_page_cache(
         name=f"Evict {run.path} from the page cache (policy {data['page_cache_policy']})",
         path=run.path, script=script, python=_per_family("python_interpreter"),
@@ -322,7 +312,7 @@ def service(env: PythonEnv, run, depends_on: list):
     # Positional: `name=` would be taken by pyinfra as the deploy's display name.
     return systemd_service(
         UNIT, str(UNIT_TEMPLATE), unit_context(data, env.venv, run.path),
-        depends_on=[env.create, env.install, *depends_on, Changed(run), key_op],
+        depends_on=[env.create, env.install, *depends_on, run, key_op],
     )
 
 
