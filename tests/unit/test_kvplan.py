@@ -28,7 +28,7 @@ from servefleet import cli
 from servefleet.kvplan import GiB, format_gib, load_config, plan_kv
 
 # Qwen-AgentWorld-35B-A3B's config.json, the fields vLLM's KV sizing reads (the full file is
-# /work/shared/agentworld-config.json on the dev machines).
+# tests/fixtures/agentworld-config.json).
 AGENTWORLD = {
     "architectures": ["Qwen3_5MoeForConditionalGeneration"],
     "model_type": "qwen3_5_moe",
@@ -43,7 +43,8 @@ AGENTWORLD = {
         "max_position_embeddings": 262144, "dtype": "bfloat16",
     },
 }
-SHARED_CONFIG = Path("/work/shared/agentworld-config.json")
+# The model's config.json as vLLM reads it (a copy of ../shared/agentworld-config.json).
+SHARED_CONFIG = Path(__file__).resolve().parents[1] / "fixtures" / "agentworld-config.json"
 BYTES_PER_BLOCK = 21_626_880
 
 
@@ -59,7 +60,6 @@ def config_path(tmp_path):
     return path
 
 
-@pytest.mark.skipif(not SHARED_CONFIG.exists(), reason="shared config not on this machine")
 def test_shared_config_file_gives_same_plan(config):
     assert plan_kv(load_config(SHARED_CONFIG), 262_144, 8 * GiB) == plan_kv(config, 262_144, 8 * GiB)
 
