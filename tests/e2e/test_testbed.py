@@ -68,4 +68,11 @@ def test_up_after_an_unclean_stop_recovers(testbed):
         hosts.stop(rec.name, None, timeout=0)  # what a crash leaves: kill, no poweroff
     lifecycle.up(list(state.hosts), log=lambda m: None)
     for row in lifecycle.status():
-        assert row["systemd"] == "running", row
+        if row["systemd"] == "degraded":
+            # Booted, with a failed unit: only a recipe's service enabled at boot (the spark
+            # recipe's vLLM, stopped by data but enabled) may fail here, for want of a GPU.
+            failed = ssh(row["address"], "systemctl", "--failed", "--plain", "--no-legend")
+            units = {line.split()[0] for line in failed.stdout.splitlines() if line.strip()}
+            assert units and units <= {"servefleet-vllm.service"}, (row, units)
+        else:
+            assert row["systemd"] == "running", row
