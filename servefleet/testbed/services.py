@@ -22,6 +22,9 @@ def hub_root() -> Path:
 
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
+        # As the server binds (SO_REUSEADDR): a just-stopped hub's TIME_WAIT leaves the port free,
+        # so a restarted testbed keeps its hub URL (the hosts' hf_endpoint).
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
