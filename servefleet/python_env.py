@@ -3,7 +3,7 @@
 import shlex
 
 
-def source_args(data, installer: str = "pip") -> list[str]:
+def source_args(data) -> list[str]:
     """Index / extra index / find-links arguments for pip or uv pip, from data."""
     args = []
     if data.get("pip_index_url"):
@@ -15,9 +15,9 @@ def source_args(data, installer: str = "pip") -> list[str]:
     return args
 
 
-def install_args(data, installer: str = "pip", pinned: bool = False) -> str:
+def install_args(data, pinned: bool = False) -> str:
     """Extra install arguments as one shell string; --no-deps for pinned wheelhouse installs."""
-    args = source_args(data, installer)
+    args = source_args(data)
     if pinned and data.get("python_no_deps"):
         args.append("--no-deps")
     return " ".join(shlex.quote(a) for a in args)

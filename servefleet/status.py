@@ -5,8 +5,8 @@ from dataclasses import asdict, dataclass
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from servefleet import facts, fleetapi
+from servefleet.inventory import ROLES
 
-ROLES = ("spark", "rtx4090", "depot")
 
 
 @dataclass

@@ -93,7 +93,7 @@ def packages(venv: str, uv: str, pins: dict, torch_cuda: str, data: dict,
         return
 
     args = [uv, "pip", "install", "--quiet", "--python", f"{venv.rstrip('/')}/bin/python",
-            *source_args(data, "uv")]
+            *source_args(data)]
     if data.get("python_no_deps"):
         args.append("--no-deps")
     args += [f"{name}=={pin}" for name, pin in pins.items()]

@@ -2,11 +2,10 @@
 
 import os
 import shutil
-import signal
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 
+from servefleet.inventory import ROLES
 from servefleet.testbed import hosts, image, net, services
 from servefleet.testbed.state import (
     HostRecord, TestbedState, load_state, locked, role_of, save_state,
@@ -23,8 +22,7 @@ DEFAULT_HOSTS = ("spark-1", "rtx4090-1", "depot-1")
 
 def mixed_names(n: int) -> list[str]:
     """n host names cycling through the roles: spark-1, rtx4090-1, depot-1, spark-2, ..."""
-    roles = ("spark", "rtx4090", "depot")
-    return [f"{roles[i % 3]}-{i // 3 + 1}" for i in range(n)]
+    return [f"{ROLES[i % len(ROLES)]}-{i // len(ROLES) + 1}" for i in range(n)]
 
 
 def ensure_host_packages(log=print) -> None:
@@ -174,10 +172,3 @@ def down(log=print) -> None:
         _teardown(load_state(), keep_disks=False)
     log("testbed down")
 
-
-def wait_gone(pid: int, timeout: float = 5) -> None:
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _alive(pid):
-        os.kill(pid, signal.SIGKILL)

@@ -7,9 +7,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from servefleet.inventory import ROLES  # the one list of roles
 from servefleet.paths import cache_subdir
-
-ROLES = ("spark", "rtx4090", "depot")
 
 
 def instance() -> int:
