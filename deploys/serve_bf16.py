@@ -1,16 +1,11 @@
 # A bare DGX Spark -> Qwen/Qwen-AgentWorld-35B-A3B served in BF16 by vLLM, step by step.
 #   pyinfra inventory/spark.py deploys/serve_bf16.py
 # Knobs: group_data/spark.py (README.md, Recipe 1). A failing check stops only the host concerned.
-from servefleet import base, vllm
+from servefleet.recipes import base, vllm
 
-if base.for_role("spark", "serve_bf16"):  # hosts of other roles: a visible no-op
-    base.validate_data(extra=vllm.KEYS)  # bad data stops the whole run here, before any change
-
-    # Base: preflight (aarch64, GPU + driver, disk), OS packages, the servefleet user and tree, uv.
-    base.preflight()
-    base.os_packages()
-    base.service_user_and_tree()
-    base.tools()
+if base.begin("serve_bf16"):  # data checked; hosts of other roles: a visible no-op
+    # Base: preflight (aarch64, GPU + driver, disk), OS packages, the account and tree, uv.
+    base.node_base()
 
     # Python environment: venvs/vllm-<version> made with uv, torch + vLLM pinned, read back
     # (versions and torch.version.cuda); a mismatch fails the host with both values.
@@ -19,7 +14,7 @@ if base.for_role("spark", "serve_bf16"):  # hosts of other roles: a visible no-o
     # vLLM patch: with --language-model-only, qwen3_5.py builds no vision tower (vllm_patch = True).
     patched = vllm.patch(env)
 
-    # Model: the checkpoint from the hub (or the depot), linted on the node against the recipe.
+    # Model: the checkpoint from the hub (or the depot), one directory per revision, linted.
     model = vllm.model()
 
     # Page cache: evict the model's files when vLLM sizes its pool from free memory (policy).
@@ -28,8 +23,10 @@ if base.for_role("spark", "serve_bf16"):  # hosts of other roles: a visible no-o
     # Memory preflight: plan-kv (max_model_len, KV pool) and weights + pool + overhead vs usable.
     vllm.memory_preflight(model)
 
-    # Service: servefleet-vllm.service, restarted only when the venv, patch, model or unit changed.
+    # Service: servefleet-vllm.service; the release it installs is recorded on the node (the
+    # previous one stays servable); restarted only when the venv, patch, model, key or unit changed.
     svc = vllm.service(env, model, depends_on=[patched])
 
-    # Health, only when the service was (re)started in this run: /health, KV log vs plan-kv, a chat.
+    # Health, only when the service was (re)started in this run: /health, KV log vs plan-kv, a
+    # chat, a settle period; then the release is recorded as the one running healthy.
     vllm.health(model, svc)

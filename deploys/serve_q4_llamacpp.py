@@ -1,18 +1,25 @@
-# RTX 4090: llama.cpp serving the Q4_K_M GGUF of Qwen-AgentWorld-35B-A3B. Run:
+# RTX 4090: llama.cpp serving the Q4_K_M GGUF of Qwen-AgentWorld-35B-A3B, step by step.
 #   pyinfra inventory/rtx4090.py deploys/serve_q4_llamacpp.py
-# Values: group_data/rtx4090.py (testbed: group_data/testbed_rtx4090.py); steps: servefleet/llamacpp.py.
-from servefleet import base, llamacpp
+# Knobs: group_data/rtx4090.py (README.md, Recipe 2). A failing check stops only the host concerned.
+from servefleet.recipes import base, llamacpp
 
-if base.for_role("rtx4090", "serve_q4_llamacpp"):  # hosts of other roles: a visible no-op
-    llamacpp.validate_data()  # bad data stops the whole run here, before any host is changed
-    base.preflight()  # arch, GPU + driver 580+ (unless require_gpu = False), free disk
-    base.os_packages()  # apt packages of this distro family
-    base.service_user_and_tree()  # the servefleet user and /opt/servefleet/{tools,models,etc,bin,...}
-    base.tools()  # the tools venv (uv)
+if base.begin("serve_q4_llamacpp"):  # data checked; hosts of other roles: a visible no-op
+    base.node_base()  # preflight (x86_64, GPU + driver 580+, disk), OS packages, account and tree, uv
     llamacpp.build_packages()  # build-essential, cmake, git, ccache
-    built = llamacpp.build()  # nvcc/disk preflight; llama-server at the pinned commit into
-    #                           llama.cpp/<tag>-<flags hash>/ (only when missing), `current` -> it, prune
-    run = llamacpp.model()  # the GGUF from the hub or the depot, verified
-    llamacpp.gguf_lint()  # gguf in the tools venv; lint the GGUF on the node (--override-kv fix)
-    svc = llamacpp.service(built, run)  # servefleet-llama.service; restarted only when unit/binary/model changed
-    llamacpp.health(svc)  # only after a (re)start: /health 200, then one chat completion
+
+    # Build: llama-server at the pinned commit into llama.cpp/<tag>-<flags hash>/ (only when
+    # missing); `current` names it.
+    built = llamacpp.build()
+
+    # Model: the GGUF from the hub or the depot, verified; then linted on the node, which
+    # derives the --override-kv fix for a GGUF that counts a missing MTP layer.
+    model = llamacpp.model()
+    llamacpp.gguf_lint_step(model)
+
+    # Service: servefleet-llama.service; the release it installs is recorded on the node (the
+    # previous one stays servable); restarted only when the unit, build, model or key changed.
+    svc = llamacpp.service(built, model)
+
+    # Health, only after a (re)start in this run: /health 200, one chat completion, settle; then
+    # the release is recorded as the one running healthy.
+    llamacpp.health(svc)

@@ -1,8 +1,10 @@
 # Remove what servefleet installed on a node (used by `servefleet rebuild`): services, venvs,
-# builds, state. The model store is kept unless --data purge_models=true.
+# builds, state and release records. The models (and a depot's store) are kept unless
+# purge_models = True (`servefleet rebuild --purge-models`).
 from pyinfra import host
 
-from servefleet import teardown
+from servefleet.recipes import base, teardown
 
-teardown.remove_services()
-teardown.remove_tree(purge_models=str(host.data.get("purge_models")).lower() in ("1", "true", "yes"))
+if base.begin("base"):
+    teardown.remove_services()
+    teardown.remove_tree(purge_models=bool(host.data.purge_models))

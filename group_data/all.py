@@ -1,9 +1,11 @@
 # Defaults for every servefleet host. Role files (spark.py, rtx4090.py, depot.py) and
-# inventory/fleet.yml `data:` override these; servefleet/schema.py checks every value.
+# inventory/fleet.yml `data:` override these. servefleet/core/contract.py declares each key's
+# check; README's knob tables are generated from this file and the role files.
 
 # --- Layout on the node --------------------------------------------------------------------
-servefleet_root = "/opt/servefleet"  # everything servefleet installs lives under this directory
-servefleet_user = "servefleet"  # system user that owns the tree and runs the services
+servefleet_root = "/opt/servefleet"  # everything servefleet installs lives here (a dedicated directory)
+servefleet_user = "servefleet"  # unprivileged system user that runs the services; owns only cache/ and the models
+models_root = None  # where model revisions live; None: {servefleet_root}/models (a dedicated directory, e.g. a big disk)
 
 # --- Preflight ------------------------------------------------------------------------------
 require_gpu = True  # fail a host without an NVIDIA GPU (False: the testbed, CPU-only checks)
@@ -17,7 +19,7 @@ os_packages = {  # apt packages per distro family, installed by deploys/base.py
     "debian": ["python3", "python3-venv", "ca-certificates", "curl", "rsync", "git"],
     "ubuntu": ["python3", "python3-venv", "ca-certificates", "curl", "rsync", "git"],
 }
-python_interpreter = {"debian": "python3", "ubuntu": "python3"}  # system Python per family
+python_interpreter = {"debian": "python3", "ubuntu": "python3"}  # system Python per distro family
 uv_version = "0.13.9"  # uv, installed into the tools venv; makes the serving venvs
 
 # --- Python package sources (a fleet mirror or an air-gapped wheelhouse needs no code change)
@@ -29,9 +31,12 @@ python_no_deps = False  # install pinned wheels without their dependency closure
 # --- Service --------------------------------------------------------------------------------
 service_state = "running"  # running | stopped: stopped provisions everything but starts nothing
 service_enabled = True  # start the service at boot
-service_host = "127.0.0.1"  # address the API binds to; 0.0.0.0 exposes it on every interface
+service_host = "127.0.0.1"  # address the API binds to; any other than loopback requires api_key_file
 service_port = 8000  # port of the OpenAI-compatible API
-api_key_file = None  # operator-side file holding the API key (copied 0600); None: no key
+api_key_file = None  # operator-side file holding the API key (one line); None: no key (loopback only)
+health_timeout_s = 600  # seconds a (re)started service may take to answer /health 200
+health_settle_s = 30  # seconds a service must stay healthy after a start before it counts as up
+releases_keep = 2  # releases kept on a node, current included: the previous one serves again instantly
 
 # --- Models ---------------------------------------------------------------------------------
 hf_endpoint = "https://huggingface.co"  # Hugging Face hub or a mirror speaking its API
@@ -41,11 +46,20 @@ depot_host = None  # inventory name of the depot when model_source = "depot"
 huggingface_hub_version = "2.4.0"  # hub client (`hf` CLI) installed into the tools venv
 download_margin_bytes = 2 * 1024**3  # free disk required beyond a download, or the host fails
 hub_timeout_seconds = 30  # operator-side hub API requests (revision -> sha, file list)
-model_repo = None  # deploys/model.py: the hub repo id to provision, e.g. "org/name"
+model_repo = None  # hub repo id of the model (deploys/model.py: required, e.g. "org/name")
 model_revision = "main"  # branch, tag or 40-hex commit sha (pin a sha for a reproducible fleet)
 model_include = ["*"]  # glob patterns of the repo's files to fetch
-model_dir = None  # deploys/model.py's destination; None: {servefleet_root}/models/{org}--{name}
+model_file = None  # the one file a GGUF recipe serves, inside model_repo
+served_model_name = None  # the model name clients send; set by each serving role
+
+# --- Depot ----------------------------------------------------------------------------------
 depot_user = "sfdepot"  # on the depot: read-only rsync account nodes copy models through
 depot_address = None  # address nodes reach the depot at (private network); None: its ssh_hostname
 depot_ssh_key = None  # operator-side fleet key for depot access; None: generated once in the cache
 depot_bwlimit_kib = None  # rate limit of each node's copy from the depot (KiB/s); None: unlimited
+depot_store = None  # the depot's verified copies; None: {servefleet_root}/depot
+depot_models = []  # models a depot keeps: [{"repo_id": "org/name", "revision": "main", "include": ["*"]}]
+
+# --- Rebuild (set by `servefleet rebuild`, not by hand) -------------------------------------
+purge_models = False  # rebuild also deletes the model revisions (--purge-models)
+previous_release = False  # rollback goes back from a healthy release too (set by `servefleet rollback`)

@@ -1,6 +1,6 @@
 # RTX 4090 (24 GB VRAM, ~30 GiB RAM, x86_64): llama.cpp serving the Q4_K_M GGUF of
-# Qwen-AgentWorld-35B-A3B (deploys/serve_q4_llamacpp.py; keys checked by servefleet/llamacpp.py).
-expected_arch = "x86_64"
+# Qwen-AgentWorld-35B-A3B (deploys/serve_q4_llamacpp.py; checks: servefleet/core/contract.py).
+expected_arch = "x86_64"  # the RTX 4090 nodes are x86_64 workstations
 min_driver_version = 580  # the field setup: driver 580.65.06 / CUDA 13.0
 service_port = 8080  # llama-server's usual port
 
@@ -13,6 +13,7 @@ llamacpp_cmake_flags = {  # -DKEY=VALUE; changing any of them builds into a new 
     "CMAKE_CUDA_ARCHITECTURES": "89",  # Ada (RTX 4090)
     "GGML_NATIVE": "OFF",  # no -march=native: the binary does not depend on the build CPU
     "LLAMA_USE_PREBUILT_UI": "OFF",  # no web UI download at build time
+    "LLAMA_BUILD_UI": "OFF",  # no npm build of the web UI either (on by default since ~b97xx)
     "BUILD_SHARED_LIBS": "OFF",  # static: the one llama-server binary is what gets installed
     "LLAMA_BUILD_TESTS": "OFF",  # only llama-server is built
     "LLAMA_BUILD_EXAMPLES": "OFF",
@@ -21,7 +22,6 @@ llamacpp_cmake_flags = {  # -DKEY=VALUE; changing any of them builds into a new 
 llamacpp_ccache = True  # compile through ccache (rebuilds after a flag change take minutes, not an hour)
 llamacpp_ccache_dir = None  # CCACHE_DIR for builds; None: root's ~/.cache/ccache on the node
 llamacpp_build_jobs = None  # parallel compile jobs; None: CPU count, at most one per 2 GiB free RAM
-llamacpp_keep_builds = 3  # installed builds kept under {servefleet_root}/llama.cpp/, current included
 llamacpp_build_min_free_disk_bytes = 10 * 1024**3  # free disk needed before a build starts
 llamacpp_min_nvcc_version = "13.0"  # oldest CUDA toolkit accepted (validated: CUDA 13.0, driver 580)
 llamacpp_build_packages = {  # apt packages the build needs, per OS family
@@ -42,4 +42,3 @@ llamacpp_context = 65536  # -c: context size in tokens
 llamacpp_context_bytes = int(1.75 * 1024**3)  # VRAM beyond the file at -c 65536 (field: 21.4 GiB in use)
 llamacpp_ram_reserve_bytes = 2 * 1024**3  # RAM that must be available at start (with a GPU: only this)
 llamacpp_server_args = ["--n-gpu-layers", "all"]  # further llama-server arguments: every layer on the GPU
-health_timeout_s = 600  # how long loading may take before /health must answer 200

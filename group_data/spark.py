@@ -1,5 +1,5 @@
 # DGX Spark (GB10, aarch64, sm_121, 128 GB unified memory): BF16 vLLM recipe (deploys/serve_bf16.py).
-# Every key of the recipe is documented in README.md (Recipe 1); servefleet/vllm.py KEYS checks them.
+# Checks: servefleet/core/contract.py; README's Recipe 1 table is generated from this file.
 expected_arch = "aarch64"  # DGX OS is Ubuntu 24.04 on Arm
 min_driver_version = 580  # GB10 ships with the 580 driver series
 min_free_disk_bytes = 100 * 1024**3  # venv (~10 GB) + BF16 weights (~70 GB) + headroom

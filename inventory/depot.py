@@ -1,4 +1,5 @@
 # Model depots of the fleet (inventory/fleet.yml, role: depot) -> pyinfra group `depot`.
-from servefleet.inventory import fleet_path, role_hosts
+# Every host's data is validated here, before pyinfra connects anywhere.
+from servefleet.core.inventory import fleet_groups
 
-depot = role_hosts(fleet_path(), "depot")
+depot, = fleet_groups(__file__, ["depot"])

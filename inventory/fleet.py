@@ -1,6 +1,4 @@
-# The whole fleet (inventory/fleet.yml): every host, grouped by role.
-from servefleet.inventory import fleet_path, role_hosts
+# The whole fleet (inventory/fleet.yml): every host, grouped by role, validated before connecting.
+from servefleet.core.inventory import fleet_groups
 
-spark = role_hosts(fleet_path(), "spark")
-rtx4090 = role_hosts(fleet_path(), "rtx4090")
-depot = role_hosts(fleet_path(), "depot")
+spark, rtx4090, depot = fleet_groups(__file__, ["spark", "rtx4090", "depot"])

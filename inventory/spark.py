@@ -1,4 +1,5 @@
 # DGX Spark nodes of the fleet (inventory/fleet.yml, role: spark) -> pyinfra group `spark`.
-from servefleet.inventory import fleet_path, role_hosts
+# Every host's data is validated here, before pyinfra connects anywhere.
+from servefleet.core.inventory import fleet_groups
 
-spark = role_hosts(fleet_path(), "spark")
+spark, = fleet_groups(__file__, ["spark"])

@@ -61,6 +61,24 @@ def log(msg: str) -> None:
 # -- pure helpers (unit-tested on the operator side) -------------------------------------------
 
 
+def safe_relpath(path) -> bool:
+    """A file path a hub or depot may name: relative, normal, no '..', no control characters."""
+    return (isinstance(path, str) and path != "" and not path.startswith("/")
+            and all(part not in ("", ".", "..") for part in path.split("/"))
+            and all(32 < ord(c) < 127 and c not in "\\'\"" for c in path))
+
+
+def bounded_dest(dest: str, root: str) -> Path:
+    """dest, resolved, strictly inside root (resolved): every write and delete of this run
+    happens under it. Refuses a dest that is root itself, outside it, or reached through a
+    symlink that leaves it."""
+    real_root = Path(os.path.realpath(root))
+    real_dest = Path(os.path.realpath(dest))
+    if real_dest == real_root or real_root not in real_dest.parents:
+        raise Failure(f"the model directory {dest} is not inside {root}; nothing was fetched")
+    return Path(dest)
+
+
 def matches(path: str, include: list[str]) -> bool:
     """huggingface_hub's allow_patterns semantics: fnmatch, a trailing '/' means the whole folder."""
     return any(fnmatch.fnmatch(path, p + "*" if p.endswith("/") else p) for p in include)
@@ -267,8 +285,9 @@ def fetch_depot(req: dict, dest: Path, files: dict[str, dict]) -> None:
 
 
 def run(req: dict) -> dict:
-    dest = Path(req["dest"])
+    dest = bounded_dest(req["dest"], req["root"])
     (dest / RECORD_DIR).mkdir(parents=True, exist_ok=True)
+    bounded_dest(req["dest"], req["root"])  # again, now that it exists (no symlink swapped in)
     record = dest / RECORD
     try:
         record.unlink()  # from here until verified, the model is not ready
@@ -281,6 +300,10 @@ def run(req: dict) -> dict:
         expected = {f["path"]: {"size": f["size"], "sha256": f.get("sha256"), "oid": f.get("oid")}
                     for f in req["files"]}
 
+    outside = sorted(p for p in expected if not safe_relpath(p))
+    if outside:
+        raise Failure(f"{req['source']} names files outside the model directory "
+                      f"({', '.join(repr(p) for p in outside[:3])}); refused, nothing was fetched")
     present = present_files(dest)
     for rel in sorted(present):
         if rel not in expected:

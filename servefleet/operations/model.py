@@ -1,31 +1,29 @@
-"""The model operation: fetch repo@revision into a directory and verify it, unless already there.
+"""Models on a node: fetch repo@revision into its directory and verify it, unless already there.
 
-Run on its own (hub source; the deploy `servefleet.models.ensure_model` adds the tools first)::
-
-    pyinfra inventory/testbed.py servefleet.operations.model.fetch repo_id=org/name \
-        revision=main include='["*"]' dest=/opt/servefleet/models/name source=hub
+The node side is files/model/fetch_model.py, run as the service user with the tools venv's
+python; this operation decides whether it must run and writes its request.
 """
 
 from __future__ import annotations
 
 import json
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
-from pyinfra.operations import files
 
-from servefleet import models
-from servefleet.operations.node import fail_host
-
-
-def request_path(dest: str) -> str:
-    slug = dest.strip("/").replace("/", "_") or "root"
-    return f"{host.data.servefleet_root}/state/models/{slug}.request.json"
+from servefleet.core.models import SHA_RE, HubError, hub_commit, operator_token, satisfies
+from servefleet.facts.depot import DepotRef
+from servefleet.facts.models import VerifiedModel
+from servefleet.operations.depot import locate, ref_on_depot
+from servefleet.operations.node import fail_host, upload
 
 
 @operation()
-def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: str = "hub"):
+def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: str,
+          request_file: str, fetcher: str, python: str, user: str, margin_bytes: int, root: str,
+          hf: str | None = None, hf_home: str | None = None, token_file: str | None = None,
+          depot_host: str | None = None, depot_key: str | None = None,
+          depot_known_hosts: str | None = None, bwlimit_kib: int | None = None):
     """
     Fetch repo_id at revision into dest and verify every file; a no-op when dest already holds it.
 
@@ -34,68 +32,91 @@ def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: st
     + include: glob patterns of the files to fetch
     + dest: the model directory (must exist, owned by the service user)
     + source: ``hub`` (hf_endpoint) or ``depot`` (rsync from depot_host's verified copy)
+    + request_file, fetcher, python: the request written for, the script and the interpreter
+    + user: the service user the fetcher runs as
+    + margin_bytes: free disk required beyond the download
+    + root: the directory dest must be inside (the models root, the depot store): the fetcher
+      refuses a dest outside it and writes or deletes nothing outside dest
+    + hf, hf_home, token_file: hub source: the hf CLI, its home, the token file on the node
+    + depot_host, depot_key, depot_known_hosts, bwlimit_kib: depot source
 
     "Already there" is read from ``{dest}/.servefleet/verified.json`` (the VerifiedModel fact):
     same repo, commit sha and include patterns, every file at its recorded size. Otherwise the
     node-side script checks free disk (fails before fetching a byte), fetches, verifies sha256
     and writes that record; a corrupt file fails this host, named, and is fetched again next run.
 
-    **Example:**
-
-    .. code:: python
-
-        model.fetch(repo_id="org/name", revision="main", include=["*"],
-                    dest="/opt/servefleet/models/name")
+    **Example:** servefleet.recipes.models.ensure_model fills every argument from data.
     """
-    record = host.get_fact(models.VerifiedModel, path=dest)
-    pinned = bool(models.SHA_RE.fullmatch(revision))
-    if record and pinned and models.satisfies(record, repo_id, revision, include):
+    record = host.get_fact(VerifiedModel, path=dest)
+    pinned = bool(SHA_RE.fullmatch(revision))
+    if record and pinned and satisfies(record, repo_id, revision, include):
         host.noop(f"{repo_id}@{revision[:12]} is verified in {dest}")
         return
 
-    request = {
-        "source": source, "repo_id": repo_id, "revision": revision, "include": list(include),
-        "dest": dest, "margin_bytes": host.data.download_margin_bytes,
-    }
+    request = {"source": source, "repo_id": repo_id, "revision": revision,
+               "include": list(include), "dest": dest, "root": root,
+               "margin_bytes": margin_bytes}
     if source == "depot":
-        from servefleet import depot
-
-        where = depot.locate(host.data.depot_host)
-        sha = revision if pinned else depot.ref_on_depot(where, repo_id, revision)
+        where = locate(depot_host)
+        sha = revision if pinned else ref_on_depot(where, repo_id, revision)
         if sha is None:
             yield fail_host(f"depot {where.name} has no verified copy of {repo_id}@{revision}: "
                             f"add it to depot_models and run deploys/depot.py")
             return
-        if models.satisfies(record, repo_id, sha, include):
+        if satisfies(record, repo_id, sha, include):
             host.noop(f"{repo_id}@{sha[:12]} is verified in {dest} (depot {where.name})")
             return
-        request.update(sha=sha, depot=depot.request_fields(where, repo_id, sha))
+        request.update(sha=sha, depot={
+            "host": where.address, "port": where.port, "user": where.user,
+            "path": where.layout.depot_rsync_path(repo_id, sha), "key": depot_key,
+            "known_hosts": depot_known_hosts, "bwlimit_kib": bwlimit_kib})
     else:
         endpoint = host.data.hf_endpoint
         try:
-            commit = models.hub_commit(endpoint, repo_id, revision,
-                                       models.operator_token(host.data),
-                                       host.data.hub_timeout_seconds)
-        except models.HubError as exc:
+            commit = hub_commit(endpoint, repo_id, revision, operator_token(host.data, host.name),
+                                host.data.hub_timeout_seconds)
+        except HubError as exc:
             yield fail_host(str(exc))
             return
-        if models.satisfies(record, repo_id, commit.sha, include):
+        if satisfies(record, repo_id, commit.sha, include):
             host.noop(f"{repo_id}@{revision} ({commit.sha[:12]}) is verified in {dest}")
             return
         selected = commit.select(include)
         if not selected:
             yield fail_host(f"no file of {repo_id}@{commit.sha[:12]} matches include {include}")
             return
-        request.update(
-            sha=commit.sha, endpoint=endpoint, files=[f.to_json() for f in selected],
-            hf=f"{host.data.servefleet_root}/tools/venv/bin/hf",
-            hf_home=f"{host.data.servefleet_root}/state/hf-home",
-            token_file=models.token_path() if models.operator_token(host.data) else None,
-        )
+        request.update(sha=commit.sha, endpoint=endpoint, files=[f.to_json() for f in selected],
+                       hf=hf, hf_home=hf_home, token_file=token_file)
 
-    user = host.data.servefleet_user
-    req_file = request_path(dest)
-    yield from files.put._inner(src=StringIO(json.dumps(request, indent=1, sort_keys=True)),
-                                dest=req_file, user=user, group=user, mode="644")
-    yield StringCommand("runuser", "-u", user, "--", models.tools_python(), models.script_path(),
-                        req_file)
+    yield from upload._inner(dest=request_file, content=json.dumps(request, indent=1,
+                                                                   sort_keys=True), mode="644")
+    yield StringCommand("runuser", "-u", user, "--", python, "-I", fetcher, request_file)
+
+
+@operation()
+def depot_copy(repo_id: str, revision: str, include: list[str], dest_of, ref_file: str,
+               fetch_args: dict):
+    """
+    On the depot: one verified copy of repo_id at revision in the store, and its ref.
+
+    + repo_id, revision, include: as ``fetch``
+    + dest_of: sha -> the copy's directory (NodeLayout.depot_model_dir)
+    + ref_file: the file that names the sha of this revision (NodeLayout.depot_ref), root's
+    + fetch_args: the rest of ``fetch``'s arguments (request_file excepted: it follows dest)
+
+    **Example:** servefleet.recipes.depot.serve fills every argument from data.
+    """
+    try:
+        commit = hub_commit(host.data.hf_endpoint, repo_id, revision,
+                            operator_token(host.data, host.name), host.data.hub_timeout_seconds)
+    except HubError as exc:
+        yield fail_host(str(exc))
+        return
+    args = dict(fetch_args)
+    request_of = args.pop("request_of")
+    dest = dest_of(commit.sha)
+    yield from fetch._inner(repo_id=repo_id, revision=revision, include=include, dest=dest,
+                            source="hub", request_file=request_of(dest), **args)
+    if host.get_fact(DepotRef, ref_file=ref_file) != commit.sha:
+        # After the fetch command: a failed verification stops the host before the ref moves.
+        yield from upload._inner(dest=ref_file, content=commit.sha + "\n", mode="644")

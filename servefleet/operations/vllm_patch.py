@@ -10,7 +10,8 @@ sha256 of the pristine and patched file per vLLM version, live in
 
 Run on its own::
 
-    pyinfra @local servefleet.operations.vllm_patch.apply venv=/opt/vllm/venv -y
+    pyinfra @local servefleet.operations.vllm_patch.apply venv=/opt/vllm/venv \
+        workdir=/opt/servefleet/bin -y
     pyinfra inventory.py servefleet.operations.vllm_patch.revert venv=/opt/vllm/venv -y
 """
 
@@ -21,14 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 
-from servefleet.facts_vllm import VllmModelFile, VllmVersion
-from servefleet.operations.node import fail_host
-from servefleet.paths import REPO_ROOT
+from servefleet.facts.vllm import Several, VllmModelFile, VllmVersion
+from servefleet.operations.node import fail_host, upload
 
-PATCH_ROOT = REPO_ROOT / "files" / "patches" / "vllm"
+# The operator's project (pyinfra resolves files/ against the current directory).
+PATCH_ROOT = Path("files") / "patches" / "vllm"
 # Runs on the node with the venv's python: nodes need neither `patch` nor servefleet.
 NODE_APPLIER = PATCH_ROOT / "apply_patch.py"
 MODEL_FILE = "qwen3_5.py"
@@ -94,12 +95,16 @@ def _node_state(venv: str) -> _NodeState | StringCommand:
     """Read the facts; when vLLM, its file or its recorded patch is missing, the command that
     stops this host instead (yield it)."""
     version = host.get_fact(VllmVersion, venv=venv)
+    if isinstance(version, Several):
+        return _refuse(f"{venv}: {version}; check the venv")
     if version is None:
         return _refuse(
             f"no vLLM in {venv} (no lib/python3.*/site-packages/vllm-*.dist-info/METADATA); "
             "check the venv path"
         )
     path = host.get_fact(VllmModelFile, venv=venv, filename=MODEL_FILE)
+    if isinstance(path, Several):
+        return _refuse(f"vLLM {version} in {venv}: {path}")
     if path is None:
         return _refuse(f"vLLM {version} in {venv} has no model file {MODEL_FILE}")
     sha256 = host.get_fact(Sha256File, path=path)
@@ -130,11 +135,12 @@ def _reinstall_hint(state: _NodeState) -> str:
 
 
 @operation()
-def apply(venv: str):
+def apply(venv: str, workdir: str):
     """
     Patch ``qwen3_5.py`` of the vLLM in ``venv`` with the patch recorded for its version.
 
     + venv: path of the node's virtualenv holding vLLM
+    + workdir: a root-owned directory for the applier and the patch (servefleet's bin/)
 
     The file must be the pristine one of that version (by sha256); a copy is kept as
     ``qwen3_5.py.orig`` (written once, never overwritten) and the result must match the
@@ -149,7 +155,7 @@ def apply(venv: str):
         from servefleet.operations import vllm_patch
         vllm_patch.apply(
             name="Build no vision tower with --language-model-only",
-            venv="/opt/vllm/venv",
+            venv="/opt/vllm/venv", workdir="/opt/servefleet/bin",
         )
     """
     state = _node_state(venv)
@@ -184,25 +190,20 @@ def apply(venv: str):
         )
         return
 
-    # Upload the patch and the applier to temp files; the applier re-checks every hash
-    # before it writes, and the temp files go whatever its exit status.
-    remote_patch = host.get_temp_filename(f"vllm-{state.version}-{patch.patched_sha256}")
-    remote_applier = host.get_temp_filename(f"servefleet-{NODE_APPLIER.read_text()}")
-    for local, remote in ((patch.patch_file, remote_patch), (NODE_APPLIER, remote_applier)):
-        yield FileUploadCommand(
-            str(local), remote, remote_temp_filename=host.get_temp_filename(remote)
-        )
+    # The applier and the patch go to a root-owned directory (root runs the one and trusts the
+    # other); the applier re-checks every hash before it writes.
+    applier = f"{workdir.rstrip('/')}/servefleet-apply-patch.py"
+    remote_patch = f"{workdir.rstrip('/')}/vllm-{state.version}-{MODEL_FILE}.patch"
+    yield from upload._inner(dest=applier, content=NODE_APPLIER.read_bytes(), mode="755")
+    yield from upload._inner(dest=remote_patch, content=patch.patch_file.read_bytes(), mode="644")
     yield StringCommand(
         QuoteString(f"{venv.rstrip('/')}/bin/python"),
-        QuoteString(remote_applier),
+        "-I",
+        QuoteString(applier),
         QuoteString(state.path),
         QuoteString(remote_patch),
         patch.pristine_sha256,
         patch.patched_sha256,
-        "; rc=$?; rm -f",
-        QuoteString(remote_applier),
-        QuoteString(remote_patch),
-        "; exit $rc",
     )
 
 

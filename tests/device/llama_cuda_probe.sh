@@ -3,8 +3,8 @@
 # then the tiny missing-MTP GGUF served on the GPU. Not part of CI; the lead runs it.
 #
 # Prepare on the dev machine (both land in the git-ignored .devrun/, < 60 MiB together):
-#   python -m servefleet.testing.llama_src --export .devrun/llama-src --trim device    # ~38 MiB
-#   python -c "from servefleet.testing.tiny_models import build_tiny_gguf as b; \
+#   python -m servefleet_dev.testing.llama_src --export .devrun/llama-src --trim device    # ~38 MiB
+#   python -c "from servefleet_dev.testing.tiny_models import build_tiny_gguf as b; \
 #              b('.devrun/tiny-missing-mtp.gguf', layout='missing_mtp')"             # ~8 MiB
 # plus pyinfra importable there (carry its wheels if the image lacks it). Then, on the device:
 #   bash tests/device/llama_cuda_probe.sh          (run tool: carry [".devrun"], timeout_s 600)
@@ -42,7 +42,7 @@ uname -m; nproc
 
 echo "== (1) source repo"
 rm -rf "$WORK/llama.cpp.git"
-commit=$("$PY" -m servefleet.testing.llama_src --commit-dir "$SRC" --mirror "$WORK/llama.cpp.git")
+commit=$("$PY" -m servefleet_dev.testing.llama_src --commit-dir "$SRC" --mirror "$WORK/llama.cpp.git")
 echo "commit $commit"
 
 echo "== (2) build step: pyinfra @local servefleet.llamacpp.build"

@@ -1,13 +1,16 @@
-"""`servefleet drift` on the testbed: in sync → 0; drift → 1 and named; unreachable → 2."""
+"""`servefleet drift` on the testbed: in sync → 0; drift → 1 and named; unreachable → 3."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+import yaml
 
-from servefleet.converge import pyinfra
-from servefleet.paths import REPO_ROOT
+from servefleet_dev.testbed import net
+
+from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
 
 pytestmark = pytest.mark.e2e
 
@@ -22,7 +25,7 @@ def drifted(report, host):
     return [i for i in report["hosts"][host]["items"] if i["state"] == "drifted"]
 
 
-def test_drift_gates_on_real_changes(testbed, th):
+def test_drift_gates_on_real_changes_through_sudo(testbed, th):
     assert pyinfra("inventory/testbed.py", "deploys/base.py", limit="depot-1").returncode == 0
     rc, report = drift("inventory/testbed.py", "deploys/base.py", "--limit", "depot-1")
     assert rc == 0, report
@@ -50,13 +53,7 @@ def test_data_change_is_drift(testbed):
     assert "System user svc2" in names
 
 
-def test_unreachable_host_is_exit_2_and_wins(testbed, fleet_file):
-    import os
-
-    import yaml
-
-    from servefleet.testbed import net
-
+def test_unreachable_host_is_exit_3_and_wins(testbed, fleet_file):
     path = fleet_file({"depot-1": ("depot", {})})
     fleet = yaml.safe_load(open(path))
     # An address on the testbed's own bridge where no host lives.
@@ -65,6 +62,7 @@ def test_unreachable_host_is_exit_2_and_wins(testbed, fleet_file):
     open(path, "w").write(yaml.safe_dump(fleet))
     rc, report = drift("inventory/depot.py", "deploys/base.py",
                        env={**os.environ, "SERVEFLEET_FLEET": path})
-    assert rc == 2
+    assert rc == 3
     assert report["hosts"]["depot-gone"]["status"] == "unchecked"
+    assert report["hosts"]["depot-gone"]["error"]  # pyinfra's reason, e.g. a timeout
     assert report["hosts"]["depot-1"]["status"] == "in_sync"

@@ -1,4 +1,4 @@
-"""The recipes' deep drift checks (servefleet/drift_checks.py) on real testbed hosts.
+"""The recipes' deep drift checks (servefleet/verbs/deep_checks.py) on real testbed hosts.
 
 Both recipes are converged once (module fixture); each case makes one kind of drift by hand, the
 check (CLI, --json) exits 1 and names it (item name, expected, found), a converge repairs the
@@ -16,13 +16,12 @@ import time
 
 import pytest
 
-from servefleet import llamacpp
-from servefleet.converge import pyinfra
+from servefleet.core import llamacpp
 from servefleet.operations.vllm_patch import recorded_patch
-from servefleet.paths import REPO_ROOT
-from servefleet.testbed import hosts as tb_hosts
-from servefleet.testbed import material
-from servefleet.testing.wheels import vllm_wheel
+from servefleet_dev.testbed import hosts as tb_hosts
+from servefleet_dev.testbed import material
+from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
+from servefleet_dev.testing.wheels import vllm_wheel
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +31,7 @@ BF16, Q4 = "deploys/serve_bf16.py", "deploys/serve_q4_llamacpp.py"
 ROOT = "/opt/servefleet"
 VENV = f"{ROOT}/venvs/vllm-0.24.0"
 QWEN = f"{VENV}/lib/python3.11/site-packages/vllm/model_executor/models/qwen3_5.py"
-MODEL = f"{ROOT}/models/Qwen--Qwen-AgentWorld-35B-A3B"
+MODELS = f"{ROOT}/models/Qwen--Qwen-AgentWorld-35B-A3B"
 SHARD = "model.safetensors-00002-of-00002.safetensors"
 VLLM_UNIT = "/etc/systemd/system/servefleet-vllm.service"
 PATCH = recorded_patch("0.24.0")
@@ -42,9 +41,16 @@ UV = (f"UV_CACHE_DIR=/var/cache/servefleet/uv UV_LINK_MODE=copy UV_NO_PROGRESS=1
 DATA = material.RTX4090
 
 
+CLI = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(main())"]
+
+
+def model_dir(h) -> str:
+    """The checkpoint's directory on the host: the branch resolved to its commit."""
+    return h.check_output(f"ls -d {MODELS}/*/").split()[-1].rstrip("/")
+
+
 def drift(deploy: str, host: str, **data):
-    args = [sys.executable, "-m", "servefleet.cli", "drift", INVENTORY, deploy, "--limit", host,
-            "--json"]
+    args = [*CLI, "drift", INVENTORY, deploy, "--limit", host, "--json"]
     for key, value in data.items():
         args += ["--data", f"{key}={value}"]
     start = time.monotonic()
@@ -95,7 +101,7 @@ def recipes(testbed):
     return testbed
 
 
-def test_converged_recipes_are_in_sync_with_their_deep_items(recipes):
+def test_converged_recipes_are_in_sync_with_their_deep_items(recipes, th):
     rc, report = drift(BF16, SPARK)
     assert rc == 0, report
     items = deep(report, SPARK)
@@ -106,11 +112,13 @@ def test_converged_recipes_are_in_sync_with_their_deep_items(recipes):
     assert items["qwen3_5.py (vLLM patch)"]["found"].startswith(PATCH.patched_sha256)
     assert items["qwen3_5.py.orig (pristine backup)"]["found"].startswith(PATCH.pristine_sha256)
     assert items[f"unit {VLLM_UNIT}"]["found"] == "same content"
-    model = items[f"model Qwen/Qwen-AgentWorld-35B-A3B in {MODEL}"]
+    model = items[f"model Qwen/Qwen-AgentWorld-35B-A3B in {model_dir(th(SPARK))}"]
     assert model["expected"].startswith("Qwen/Qwen-AgentWorld-35B-A3B@testbed-tiny = ")
     assert model["found"] == model["expected"]  # the recorded sha is the branch's sha
-    assert items["servefleet-vllm.service active"]["expected"] == "stopped"  # testbed data
+    assert items["servefleet-vllm.service active"]["found"] == "running"  # the stand-in serves
     assert items["servefleet-vllm.service enabled"]["found"] == "enabled"
+    assert items["release"]["found"].startswith("vllm 0.24.0 (")
+    assert items["running release"]["state"] == "in_sync"
 
     rc, report = drift(Q4, LLAMA)
     assert rc == 0, report
@@ -131,13 +139,13 @@ def test_deep_checks_apply_only_to_their_recipe(recipes):
 
 
 def test_hand_edited_unit_is_shown_as_a_diff(recipes, th):
-    th(SPARK).run(f"sed -i 's/--max-model-len 262144/--max-model-len 131072/' {VLLM_UNIT}")
+    th(SPARK).run(f"sed -i 's/--max-model-len 4096/--max-model-len 2048/' {VLLM_UNIT}")
     rc, report = drift(BF16, SPARK)
     assert rc == 1
     (name,) = drifted(report, SPARK)
     assert name == f"unit {VLLM_UNIT}"
     found = drifted(report, SPARK)[name]["found"]
-    assert "-    --max-model-len 262144 \\" in found and "+    --max-model-len 131072 \\" in found
+    assert "-    --max-model-len 4096 \\" in found and "+    --max-model-len 2048 \\" in found
     repaired(BF16, SPARK)
 
 
@@ -197,14 +205,15 @@ def test_upgraded_vllm_in_the_venv(recipes, th):
 
 
 def test_deleted_model_file(recipes, th):
-    th(SPARK).run(f"rm {MODEL}/{SHARD}")
+    model = model_dir(th(SPARK))
+    th(SPARK).run(f"rm {model}/{SHARD}")
     rc, report = drift(BF16, SPARK)
     assert rc == 1
     (item,) = drifted(report, SPARK).values()
-    assert item["name"] == f"model Qwen/Qwen-AgentWorld-35B-A3B in {MODEL}"
+    assert item["name"] == f"model Qwen/Qwen-AgentWorld-35B-A3B in {model}"
     assert item["found"] == f"no verified copy (missing: {SHARD})"
     repaired(BF16, SPARK)
-    assert th(SPARK).file(f"{MODEL}/{SHARD}").exists
+    assert th(SPARK).file(f"{model}/{SHARD}").exists
 
 
 def test_stopped_service(recipes, th):
@@ -229,7 +238,9 @@ def test_changed_build_flag_in_data(recipes, th):
     rc, report = drift(Q4, LLAMA, **changed)
     assert rc == 1
     items = drifted(report, LLAMA)
-    assert set(items) == {"llama.cpp current build", "llama.cpp CMake flags"}
+    # The unit names its build's prefix: it differs too.
+    assert set(items) == {"llama.cpp current build", "llama.cpp CMake flags",
+                          "unit /etc/systemd/system/servefleet-llama.service"}
     assert (items["llama.cpp current build"]["expected"],
             items["llama.cpp current build"]["found"]) == (new, old)
     assert (items["llama.cpp CMake flags"]["expected"],

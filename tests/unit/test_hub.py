@@ -4,15 +4,19 @@ In-process calls pass endpoint= and cache_dir= explicitly: huggingface_hub reads
 HF_HOME once, at import. Subprocesses get HF_ENDPOINT/HF_HOME in their environment, as a user would.
 """
 
+import errno
 import glob
 import hashlib
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -21,12 +25,14 @@ from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils.sha import git_hash
 
-from servefleet import hub
+from servefleet_dev import hub
 
 REPO = "acme/tiny"
 MODEL = "model.safetensors"
 HF = Path(sys.executable).with_name("hf")
 needs_hf_cli = pytest.mark.skipif(not HF.exists(), reason="hf CLI not installed next to python")
+# `servefleet ...` as the console script runs it (the hub command comes through its entry point).
+SERVEFLEET_CLI = "import sys; from servefleet.cli import main; sys.exit(main())"
 
 
 def _write_tree(root: Path, files: dict[str, bytes]) -> Path:
@@ -112,7 +118,7 @@ def test_publish_is_deterministic_and_classifies_lfs(published, tmp_path, url):
 def test_publish_cli_prints_the_same_sha(published, tmp_path):
     root = tmp_path / "store"
     out = subprocess.run(
-        [sys.executable, "-m", "servefleet.cli", "hub", "publish", REPO, str(published["src_v2"]), "--root", str(root)],
+        [sys.executable, "-c", SERVEFLEET_CLI, "hub", "publish", REPO, str(published["src_v2"]), "--root", str(root)],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert out == published["sha2"]
@@ -275,7 +281,7 @@ def test_killed_hf_download_leaves_incomplete_and_rerun_completes(published, url
 
 def _serve(*args):
     return subprocess.Popen(
-        [sys.executable, "-m", "servefleet.hub", "serve", *args],
+        [sys.executable, "-m", "servefleet_dev.hub", "serve", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -321,3 +327,180 @@ def test_api_answers_like_the_hub(published, url):
     with urllib.request.urlopen(f"{url}/api/models/{REPO}/tree/{published['sha1']}") as resp:
         top = {e["path"]: e["type"] for e in json.loads(resp.read())}
     assert top == {"docs": "directory", "config.json": "file", "tokenizer.json": "file", MODEL: "file"}
+
+
+# -- hostile and malformed requests ---------------------------------------------------------------
+
+
+def _raw(url: str, data: bytes, timeout: float = 5.0) -> tuple[str, dict[str, str], bytes]:
+    """Send bytes as they are (no client fixes them up); the status line, headers and body back."""
+    host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(data)
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            chunk = sock.recv(65536)  # socket.timeout (a hang) fails the test
+            if not chunk:
+                break
+            raw += chunk
+        head, _, body = raw.partition(b"\r\n\r\n")
+        status, *lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+        while len(body) < int(headers.get("content-length", 0)):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+    return status, headers, body
+
+
+def _status(url: str, data: bytes, timeout: float = 5.0) -> int:
+    status, _, _ = _raw(url, data, timeout)
+    assert status.startswith("HTTP/1.1 "), f"no status line: {status[:80]!r}"
+    return int(status.split()[1])
+
+
+CONFIG = f"/{REPO}/resolve/main/config.json".encode()
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "+2", "1_0", "2, 2", "\xb2", "9" * 5000])
+def test_a_bad_content_length_is_a_400_and_the_server_keeps_serving(url, value, capfd):
+    # Was: "abc" and 5000 digits -> 500 with a traceback, "-1" -> the handler read until EOF (hung),
+    # "+2" / "1_0" -> accepted, "\xb2" ("²", a digit to str.isdigit) -> 500.
+    request = f"POST /_servefleet/faults HTTP/1.1\r\nContent-Length: {value}\r\n\r\n{{}}".encode("latin-1", "replace")
+    began = time.monotonic()
+    status, headers, body = _raw(url, request)
+    assert time.monotonic() - began < 2, "not refused promptly"
+    assert status.split()[1] in ("400", "413"), status
+    assert headers.get("connection") == "close"  # the body's framing is unknown: no keep-alive
+    assert b"Content-Length" in body or b"too large" in body
+    assert _status(url, b"GET " + CONFIG + b" HTTP/1.1\r\n\r\n") == 200
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_negative_content_length_gets_a_400_promptly(url):
+    # The request stays open (no EOF): the old handler's rfile.read(-1) waited for one forever.
+    began = time.monotonic()
+    assert _status(url, b"POST /_servefleet/faults HTTP/1.1\r\nContent-Length: -1\r\n\r\n{}", timeout=3) == 400
+    assert time.monotonic() - began < 2
+
+
+@pytest.mark.parametrize("headers,expected", [
+    ("Transfer-Encoding: chunked\r\n", 411),
+    ("Transfer-Encoding: chunked\r\nContent-Length: 2\r\n", 400),
+    ("Content-Length: 2\r\nContent-Length: 3\r\n", 400),
+])
+def test_a_body_of_unknown_length_is_refused_and_the_connection_closed(url, headers, expected):
+    # Was: the chunked body was left in the stream and read as the next request (smuggling).
+    request = f"POST /_servefleet/faults HTTP/1.1\r\n{headers}\r\n2\r\n{{}}\r\n0\r\n\r\n".encode()
+    status, response_headers, _ = _raw(url, request)
+    assert int(status.split()[1]) == expected
+    assert response_headers.get("connection") == "close"
+
+
+@pytest.mark.parametrize("method", ["FOO", "OPTIONS", "PUT", "get", "TRACE"])
+def test_a_method_the_hub_does_not_serve_is_a_405(url, method):
+    # Was: 501 Not Implemented for every method without a do_X.
+    status, headers, _ = _raw(url, f"{method} /{REPO}/resolve/main/config.json HTTP/1.1\r\n\r\n".encode())
+    assert status.startswith("HTTP/1.1 405"), status
+    assert headers["allow"] == "GET, HEAD, POST, DELETE"
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 60000,  # was a RecursionError -> 500
+    b'{"bytes_per_second": Infinity}',  # was an OverflowError -> 500
+    b'{"drop_after": 1.5}', b'{"times": 0}', b'{"times": true}', b'{"pattern": ["*"]}', b"null", b"\xff\xfe",
+])
+def test_a_hostile_fault_rule_is_a_400(url, body, capfd):
+    request = b"POST /_servefleet/faults HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    status, _, answer = _raw(url, request)
+    assert status.startswith("HTTP/1.1 400"), status
+    assert b"bad fault rule" in answer
+    assert hub.set_fault(url, "x/y/*", times=1) == [{"pattern": "x/y/*", "bytes_per_second": None,
+                                                     "drop_after": None, "times": 1}]
+    hub.clear_faults(url)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("bytes=0-0", 206), ("bytes=0-" + "9" * 5000, 206), ("bytes=-" + "9" * 5000, 206),
+    ("bytes=0-0,2-3", 200), ("items=0-1", 200),  # multi-ranges and other units: the whole file
+    ("bytes=" + "9" * 5000 + "-", 416),  # was: int() refused 5000 digits, the whole file came back
+    ("bytes=+0-", 416), ("bytes=1_0-", 416), ("bytes=0--1", 416), ("bytes=--1", 416), ("bytes=-0", 416),
+    ("bytes=3-1", 416), ("bytes=abc", 416), ("bytes=", 416), ("bytes=-", 416),
+])
+def test_range_headers(published, url, value, expected):
+    status, headers, _ = _raw(url, b"GET " + CONFIG + f" HTTP/1.1\r\nRange: {value}\r\n\r\n".encode())
+    assert int(status.split()[1]) == expected, status
+    if expected == 416:
+        assert headers["content-range"] == f"bytes */{len(published['v2']['config.json'])}"
+
+
+@pytest.mark.parametrize("target,code", [
+    (f"/{REPO}/resolve/main/..%2F..%2Frefs%2Fmain", "EntryNotFound"),
+    (f"/{REPO}/resolve/main/../../refs/main", "EntryNotFound"),
+    (f"/{REPO}/resolve/main/%2Fetc%2Fpasswd", "EntryNotFound"),
+    (f"/{REPO}/resolve/main/%ff%00.json", "EntryNotFound"),
+    (f"/{REPO}/resolve/..%2F..%2Fcommits/config.json", "RevisionNotFound"),
+    (f"/{REPO}/resolve/%2e%2e/config.json", "RevisionNotFound"),
+    ("/acme/../resolve/main/config.json", "RepoNotFound"),
+    ("/%2e%2e/%2e%2e/resolve/main/config.json", "RepoNotFound"),
+    ("/acme/ti..ny/resolve/main/config.json", "RepoNotFound"),
+    (f"/api/models/{REPO}/tree/main/..%2F..", "EntryNotFound"),
+])
+def test_traversal_in_names_is_a_404_naming_what_is_absent(url, target, code):
+    status, headers, _ = _raw(url, f"GET {target} HTTP/1.1\r\n\r\n".encode())
+    assert status.startswith("HTTP/1.1 404") and headers["x-error-code"] == code, (status, headers)
+    status, headers, _ = _raw(url, b"GET " + target.encode() + b"\xff\xfe HTTP/1.1\r\n\r\n")  # raw non-UTF-8
+    assert status.startswith("HTTP/1.1 404"), status
+
+
+@pytest.mark.parametrize("request_line,expected", [
+    (b"GET / HTTP/2.0", 505), (b"GET / HTTP/x.y", 400), (b"GET http://[::1/x HTTP/1.1", 400),
+])
+def test_a_bad_request_line_is_answered_with_a_status_line(url, request_line, expected):
+    # Was: the stdlib answered a bad version with a bare HTML body (no status line, as HTTP/0.9).
+    assert _status(url, request_line + b"\r\n\r\n") == expected
+
+
+def test_oversized_request_lines_and_headers_are_4xx(url):
+    assert _status(url, b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n") == 414
+    assert _status(url, b"GET / HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n") == 431
+    assert _status(url, b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n") == 431
+
+
+def test_a_client_resetting_mid_request_leaves_no_traceback(url, capfd):
+    host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+    for partial in (b"GET / HTTP/1.1\r\nHost: x\r\nX-A: ", b"POST /_servefleet/faults HTTP/1.1\r\nContent-Length: 99\r\n\r\n{"):
+        sock = socket.create_connection((host, port))
+        sock.sendall(partial)
+        time.sleep(0.2)  # the handler is reading the rest
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        sock.close()
+    time.sleep(0.3)
+    hub.wait_ready(url)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("host", [
+    "0.0.0.0", "::", "::ffff:0.0.0.0", "::ffff:0:0", "0:0:0:0:0:ffff:0:0", "::0.0.0.0", "::%lo",
+    "::ffff:0.0.0.0%lo", "0", "0.0.0.0%eth0", "[::]", "[::1]", "0x0", "000.000.000.000", "127.1", "",
+    "224.0.0.1", "ff02::1", "255.255.255.255", "::ffff:255.255.255.255", "localhost",
+])
+def test_check_address_refuses_wildcards_in_any_spelling(host):
+    # Was: "::ffff:0.0.0.0" (a dual-stack socket's IPv4 wildcard) and multicast/broadcast passed.
+    with pytest.raises(hub.AddressError) as err:
+        hub.check_address(host, 0)
+    assert err.value.errno == errno.EINVAL
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 70000])
+def test_check_address_refuses_ports_out_of_range(port):
+    # Was: an OverflowError traceback from the port probe.
+    with pytest.raises(hub.AddressError, match="0-65535"):
+        hub.check_address("127.0.0.1", port)
+
+
+def test_check_address_accepts_loopback_spellings():
+    for host in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+        hub.check_address(host, 0)

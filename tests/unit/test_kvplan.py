@@ -1,6 +1,6 @@
 """plan-kv reproduces vLLM 0.24.0's KV-cache sizing for hybrid models.
 
-Expected values are worked out by hand from vLLM's code (see servefleet/kvplan.py for the
+Expected values are worked out by hand from vLLM's code (see servefleet/core/kvplan.py for the
 functions); each test shows its arithmetic. Shorthand: GiB = 2**30; cdiv = ceiling division.
 
 The published model (agentworld-config.json), used as the base of most tests:
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from servefleet import cli
-from servefleet.kvplan import GiB, format_gib, load_config, plan_kv
+from servefleet.core.kvplan import GiB, format_gib, load_config, plan_kv
 
 # Qwen-AgentWorld-35B-A3B's config.json, the fields vLLM's KV sizing reads (the full file is
 # tests/fixtures/agentworld-config.json).
@@ -251,7 +251,8 @@ def test_cli_human_output(run_cli):
 
 def test_cli_console_script_exit_codes(config_path):
     # The installed entry point passes run()'s return value to sys.exit.
-    base = [sys.executable, "-m", "servefleet.cli", "plan-kv", "--config", str(config_path),
+    base = [sys.executable, "-c", "import sys; from servefleet.cli import main; sys.exit(main())",
+            "plan-kv", "--config", str(config_path),
             "--max-model-len", "262144", "--json", "--kv-cache-memory-bytes"]
     ok = subprocess.run(base + ["8GiB"], capture_output=True, text=True)
     refused = subprocess.run(base + ["4GiB"], capture_output=True, text=True)
@@ -308,7 +309,7 @@ def test_cli_budget_defaults_to_spark(run_cli, checkpoint):
 
 
 def test_byte_counts_accept_units():
-    from servefleet.commands.plan_kv import parse_bytes
+    from servefleet.cli.plan_kv import parse_bytes
 
     assert parse_bytes("8589934592") == parse_bytes("8GiB") == 8 * GiB
     assert parse_bytes("1.5GiB") == 3 * GiB // 2

@@ -8,10 +8,10 @@ import pytest
 from safetensors import safe_open
 
 from servefleet.cli import main
-from servefleet.lint.checkpoint import (
+from servefleet.core.lint.checkpoint import (
     MISSING_SHARDS, MTP_WITHOUT_TENSORS, VISION_WITHOUT_WEIGHTS, check_recipe, lint_checkpoint,
 )
-from servefleet.testing.tiny_models import AGENTWORLD_CONFIG, build_tiny_checkpoint, write_safetensors
+from servefleet_dev.testing.tiny_models import AGENTWORLD_CONFIG, build_tiny_checkpoint, write_safetensors
 
 SPEC_KEYS = {"architecture", "tensors", "visual_tensors", "mtp_tensors", "total_bytes",
              "mtp_num_hidden_layers", "has_vision_config", "findings"}

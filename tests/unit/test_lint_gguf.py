@@ -6,18 +6,23 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 
 from servefleet.cli import main
-from servefleet.lint import GGUF_LINT_SCRIPT
-from servefleet.lint.gguf_lint import BLOCKS_NOT_COUNTED, UNCOUNTED_BLOCKS_MISSING, lint_gguf, override_kv_flag
-from servefleet.testing.tiny_models import (
-    GGUF_CLEAN, GGUF_MISSING_MTP, GGUF_MTP, GGUF_UNCOUNTED, build_tiny_gguf,
+from servefleet.core.lint import gguf_lint as _gguf_lint_module
+from servefleet.core.lint.gguf_lint import BLOCKS_NOT_COUNTED, UNCOUNTED_BLOCKS_MISSING, lint_gguf, override_kv_flag
+from servefleet_dev.testing.tiny_models import (
+    GGUF_CLEAN, GGUF_FIELD_MISSING_MTP, GGUF_MISSING_MTP, GGUF_MTP, GGUF_UNCOUNTED, build_tiny_gguf,
 )
 
+# The file the llama.cpp recipe uploads to a node (servefleet/recipes/llamacpp.py LINT_SOURCE).
+GGUF_LINT_SCRIPT = Path(_gguf_lint_module.__file__)
+
+FIELD_FLAG = "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0"
 SPEC_KEYS = {"arch", "block_count", "highest_block", "nextn_predict_layers", "defect", "override_kv"}
 
 
@@ -179,3 +184,64 @@ def test_lint_reads_headers_only_even_on_a_20_gib_file(tmp_path):
     lint = lint_gguf(path)
     assert time.monotonic() - started < 5
     assert lint.override_kv == ["qwen35moe.block_count=int:40", "qwen35moe.nextn_predict_layers=int:0"]
+
+
+# --- the field file's layout ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def field(tmp_path_factory):
+    return build_tiny_gguf(tmp_path_factory.mktemp("field") / "field.gguf", layout=GGUF_FIELD_MISSING_MTP)
+
+
+def _blocks(names) -> dict[int, set[str]]:
+    """Block index -> the tensor names of that block without the blk.N. prefix."""
+    out: dict[int, set[str]] = {}
+    for name in names:
+        if name.startswith("blk."):
+            _, b, rest = name.split(".", 2)
+            out.setdefault(int(b), set()).add(rest)
+    return out
+
+
+def test_field_gguf_counts_41_blocks_and_holds_40(field):
+    reader = gguf.GGUFReader(field)
+    assert reader.get_field("general.architecture").contents() == "qwen35moe"
+    assert reader.get_field("qwen35moe.block_count").contents() == 41
+    assert reader.get_field("qwen35moe.nextn_predict_layers").contents() == 1
+    assert reader.get_field("qwen35moe.full_attention_interval").contents() == 4
+    names = [t.name for t in reader.tensors]
+    blocks = _blocks(names)
+    assert sorted(blocks) == list(range(40))  # blk.0-39, no blk.40 (the counted MTP block)
+    assert not any(".nextn." in n for n in names)
+    assert {"token_embd.weight", "output_norm.weight", "output.weight"} <= set(names)
+    # Every 4th block full attention, the rest recurrent (gated delta net), as the real model.
+    full = {b for b, t in blocks.items() if "attn_q.weight" in t}
+    recurrent = {b for b, t in blocks.items() if "ssm_conv1d.weight" in t}
+    assert full == set(range(3, 40, 4)) and recurrent == set(range(40)) - full
+
+
+def test_field_gguf_uses_the_same_block_layout_as_the_small_files(field, tiny):
+    small = _blocks(t.name for t in gguf.GGUFReader(tiny[GGUF_MISSING_MTP]).tensors)
+    big = _blocks(t.name for t in gguf.GGUFReader(field).tensors)
+    assert big[0] == small[0] and big[3] == small[3]  # recurrent / full attention blocks
+    assert all(big[b] == small[b % 4] for b in big)  # the 4-block pattern, repeated
+
+
+def test_field_gguf_is_small_and_deterministic(field, tmp_path):
+    assert 1 << 20 < field.stat().st_size < 32 << 20  # ~8 MB
+    again = build_tiny_gguf(tmp_path / "again.gguf", layout=GGUF_FIELD_MISSING_MTP)
+    assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(field.read_bytes()).digest()
+    with pytest.raises(ValueError, match="40 blocks"):
+        build_tiny_gguf(tmp_path / "x.gguf", layout=GGUF_FIELD_MISSING_MTP, n_layers=4)
+
+
+def test_field_gguf_lint_gives_the_field_flag(field, tmp_path):
+    lint = lint_gguf(field)
+    assert (lint.arch, lint.block_count, lint.highest_block, lint.nextn_predict_layers) == ("qwen35moe", 41, 39, 1)
+    assert lint.defect == UNCOUNTED_BLOCKS_MISSING
+    assert override_kv_flag(lint) == FIELD_FLAG
+    # The copy a node runs says the same.
+    script = shutil.copy(GGUF_LINT_SCRIPT, tmp_path / "gguf_lint.py")
+    out = subprocess.run([sys.executable, str(script), "--flag", str(field)], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == FIELD_FLAG

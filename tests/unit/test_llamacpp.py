@@ -152,7 +152,7 @@ def _run_fact(fact, **kwargs):
     ("mtp", None),
 ])
 def test_lint_fact_gives_one_comma_separated_flag(tmp_path, layout, flag):
-    from servefleet.testing.tiny_models import build_tiny_gguf
+    from servefleet_dev.testing.tiny_models import build_tiny_gguf
 
     path = build_tiny_gguf(tmp_path / "m.gguf", layout=layout)
     lint = _run_fact(ops.GgufLint(), python=sys.executable, script=str(llamacpp.LINT_SCRIPT),
@@ -171,13 +171,15 @@ def test_lint_fact_before_download_and_on_a_broken_file(tmp_path):
     assert lint.state == "error" and "gguf_lint" in lint.detail
 
 
-def test_real_defect_gives_the_field_flag():
-    # The field file: block_count 41, nextn 1, tensors for blk.0-39 (the lint's own unit tests
-    # cover the reader; here: the exact value the 4090 unit gets).
-    lint = {"override_kv": ["qwen35moe.block_count=int:40", "qwen35moe.nextn_predict_layers=int:0"]}
-    from servefleet.lint.gguf_lint import override_kv_flag
+def test_real_defect_gives_the_field_flag(tmp_path):
+    # The field file's layout: block_count 41, nextn 1, tensors for blk.0-39 (the lint's own unit
+    # tests cover the reader; here: the exact value the 4090 unit gets, through the fact).
+    from servefleet_dev.testing.tiny_models import GGUF_FIELD_MISSING_MTP, build_tiny_gguf
 
-    assert override_kv_flag(lint) == "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0"
+    path = build_tiny_gguf(tmp_path / "field.gguf", layout=GGUF_FIELD_MISSING_MTP)
+    lint = _run_fact(ops.GgufLint(), python=sys.executable, script=str(llamacpp.LINT_SCRIPT),
+                     path=str(path))
+    assert lint == ops.Lint("ok", "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0")
 
 
 # --- the unit ------------------------------------------------------------------------------------

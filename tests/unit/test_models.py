@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from servefleet import depot, hub, models, schema
-from servefleet.testing.tiny_models import build_tiny_checkpoint
-from servefleet.groupdata import load as group_data
+from servefleet.core import contract, fleetkey
+from servefleet.core import models
+from servefleet.core.data import HostData, Layer, validate
+from servefleet.core.errors import DataError
+from servefleet_dev import hub
+from servefleet_dev.testbed.material import load as group_data
+from servefleet_dev.testing.tiny_models import build_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "acme/tiny-model"
@@ -29,17 +33,8 @@ def _load_script():
 fm = _load_script()
 
 
-class FakeData(dict):
-    def __getattr__(self, key):
-        return self[key]
-
-
-class FakeHost:
-    def __init__(self, name, data):
-        self.name = name
-        self.data = FakeData(data)
-
-
+def check(data: dict, groups=("depot",), recipe="model"):
+    validate(HostData("h", list(groups), [Layer("group_data", data)]), recipe)
 
 
 @pytest.fixture(scope="module")
@@ -61,24 +56,29 @@ def url(store):
 # -- data --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("groups", [("all",), ("all", "spark"), ("all", "depot", "testbed_depot"),
+@pytest.mark.parametrize("groups", [("all", "spark"), ("all", "depot", "testbed_depot"),
                                     ("all", "depot", "testbed_depot", "testbed")])
 def test_shipped_defaults_pass_the_model_and_depot_keys(groups):
     data = group_data(*groups)
-    schema.validate(FakeHost("h", data), models.MODEL_KEYS)
-    schema.validate(FakeHost("h", {**data, "model_repo": "org/name"}), models.MODEL_DEPLOY_KEYS)
+    check({**data, "model_repo": "org/name"}, groups[1:], "model")
     if "depot" in groups:
-        schema.validate(FakeHost("h", data), depot.DEPOT_KEYS)
+        check(data, groups[1:], "depot")
+
+
+def test_the_model_deploy_needs_a_repo():
+    with pytest.raises(DataError, match="'model_repo' is missing; deploys/model.py needs"):
+        check(group_data("all"))
 
 
 @pytest.mark.parametrize("key,value", [
     ("model_include", []), ("model_include", "*.json"), ("model_revision", "main branch"),
-    ("model_repo", "no-slash"), ("model_dir", "relative/dir"),
+    ("model_repo", "no-slash"), ("model_repo", "org/.."), ("model_revision", "../x"),
+    ("models_root", "relative/dir"), ("models_root", "/etc"), ("models_root", "/"),
 ])
 def test_bad_model_data_is_named(key, value):
     data = {**group_data("all"), "model_repo": "org/name", key: value}
-    with pytest.raises(schema.DataError, match=f"'{key}'"):
-        schema.validate(FakeHost("h", data), models.MODEL_DEPLOY_KEYS)
+    with pytest.raises(DataError, match=f"'{key}'"):
+        check(data)
 
 
 @pytest.mark.parametrize("value,ok", [
@@ -90,13 +90,13 @@ def test_bad_model_data_is_named(key, value):
     ({"repo_id": "org/name"}, False),
 ])
 def test_depot_models_check(value, ok):
-    assert depot.DEPOT_MODELS.ok(value) is ok
+    assert contract.BY_NAME["depot_models"].check.ok(value) is ok
 
 
 def test_depot_models_defaults():
     data = {"depot_models": [{"repo_id": "org/a"}, {"repo_id": "org/b", "revision": "v1",
                                                       "include": ["*.gguf"]}]}
-    assert depot.depot_models(data) == [
+    assert fleetkey.depot_models(data) == [
         {"repo_id": "org/a", "revision": "main", "include": ["*"]},
         {"repo_id": "org/b", "revision": "v1", "include": ["*.gguf"]},
     ]
@@ -153,13 +153,13 @@ def test_next_link():
 
 
 def test_operator_token_prefers_the_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", "from-env")
-    assert models.operator_token({"hf_token_file": None}) == "from-env"
+    monkeypatch.setenv("HF_TOKEN", "from-env-0123")
+    assert models.operator_token({"hf_token_file": None}, "h") == "from-env-0123"
     path = tmp_path / "token"
-    path.write_text("from-file\n")
-    assert models.operator_token({"hf_token_file": str(path)}) == "from-file"
+    path.write_text("from-file-0123\n")
+    assert models.operator_token({"hf_token_file": str(path)}, "h") == "from-file-0123"
     monkeypatch.delenv("HF_TOKEN")
-    assert models.operator_token({}) is None
+    assert models.operator_token({}, "h") is None
 
 
 # -- the VerifiedModel fact's parser ------------------------------------------------------------
@@ -170,7 +170,7 @@ RECORD = {"repo_id": "org/name", "revision": "main", "sha": "a" * 40, "include":
 
 
 def _fact_output(record, sizes):
-    lines = json.dumps(record, indent=1).splitlines() + ["", models._SIZES]
+    lines = json.dumps(record, indent=1).splitlines() + ["", models.SIZES_MARKER]
     return lines + [f"{s} {p}" for p, s in sizes.items()]
 
 
@@ -186,7 +186,7 @@ def test_missing_or_truncated_file_voids_the_record(sizes):
 
 def test_no_record():
     assert models.parse_verified([]) is None
-    assert models.parse_verified(["garbage", models._SIZES]) is None
+    assert models.parse_verified(["garbage", models.SIZES_MARKER]) is None
 
 
 def test_satisfies():
@@ -211,7 +211,8 @@ def test_disk_preflight_counts_only_what_is_missing():
 def _request(commit, dest, url, include=("*",), margin=0, token_file=None, tmp=None):
     return {
         "source": "hub", "repo_id": REPO, "revision": "main", "sha": commit.sha,
-        "include": list(include), "dest": str(dest), "margin_bytes": margin, "endpoint": url,
+        "include": list(include), "dest": str(dest), "root": str(Path(dest).parent),
+        "margin_bytes": margin, "endpoint": url,
         "files": [f.to_json() for f in commit.select(list(include))], "hf": str(HF),
         "hf_home": str(tmp / "hf-home"), "token_file": token_file,
     }
@@ -268,13 +269,13 @@ def test_script_fails_before_fetching_when_disk_is_short(store, url, tmp_path):
 
 def test_fleet_key_is_generated_once(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVEFLEET_CACHE", str(tmp_path))
-    private, public = depot.fleet_key({})
+    private, public = fleetkey.fleet_key({}, "h")
     path = tmp_path / "fleet" / "depot_ed25519"
     assert path.stat().st_mode & 0o777 == 0o600
     assert private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
     assert public.startswith("ssh-ed25519 ") and public.endswith(" servefleet-fleet")
-    assert depot.fleet_key({}) == (private, public)
-    assert depot.fleet_key({"depot_ssh_key": str(path)}) == (private, public)
+    assert fleetkey.fleet_key({}, "h") == (private, public)
+    assert fleetkey.fleet_key({"depot_ssh_key": str(path)}, "h") == (private, public)
 
 
 def test_rsync_stats():

@@ -19,10 +19,18 @@ from types import SimpleNamespace
 import jinja2
 import pytest
 
-from servefleet import kvplan, models, schema, vllm
-from servefleet.facts_vllm import DistVersions, SafetensorsBytes, TorchCuda
-from servefleet.paths import REPO_ROOT
-from servefleet.testing.tiny_models import AGENTWORLD_CONFIG, build_tiny_checkpoint
+from servefleet.core import kvplan
+from servefleet.core import vllm
+from servefleet.core.data import HostData, Layer, validate
+from servefleet.core.errors import DataError
+from servefleet.core.layout import NodeLayout
+from servefleet.core.systemd import exec_line
+from servefleet.facts.vllm import DistVersions, SafetensorsBytes, TorchCuda
+from servefleet.recipes import vllm as recipe
+from servefleet.recipes.service import render_unit as render_template
+from servefleet_dev.testing.tiny_models import AGENTWORLD_CONFIG, build_tiny_checkpoint
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 PYINFRA = shutil.which("pyinfra", path=str(Path(sys.executable).parent)) or "pyinfra"
 GiB = 1 << 30
@@ -54,25 +62,15 @@ def load_script(relative: str):
 # --- data --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("roles", [("spark",), ("spark", "testbed_spark", "testbed")])
-def test_recipe_defaults_pass_the_schema(roles):
-    data = group_data(*roles)
-    fake = SimpleNamespace(name="spark-x", data=SimpleNamespace(get=data.get))
-    schema.validate(fake, {**schema.BASE, **vllm.KEYS})  # raises DataError on a bad default
-
-
-def test_every_recipe_key_has_a_commented_default():
-    text = "".join((REPO_ROOT / "group_data" / f).read_text() for f in ("all.py", "spark.py"))
-    for key in vllm.KEYS:
-        lines = [l for l in text.splitlines() if l.startswith(f"{key} = ")]
-        assert lines, f"{key} has no default in group_data/all.py or spark.py"
-        assert "  # " in lines[-1], f"{key} has no one-line comment"
+def test_recipe_defaults_pass_the_contract(roles):
+    host = HostData("spark-x", list(roles), [Layer("group_data", group_data(*roles))])
+    validate(host, "serve_bf16")  # raises DataError on a bad default
 
 
 def test_bad_values_are_named():
     data = {**group_data("spark"), "page_cache_policy": "sometimes", "max_model_len": "262144"}
-    fake = SimpleNamespace(name="spark-x", data=SimpleNamespace(get=data.get))
-    with pytest.raises(schema.DataError) as err:
-        schema.validate(fake, {**schema.BASE, **vllm.KEYS})
+    with pytest.raises(DataError) as err:
+        validate(HostData("spark-x", ["spark"], [Layer("group_data/spark.py", data)]), "serve_bf16")
     assert "'page_cache_policy' = 'sometimes'" in str(err.value)
     assert "'max_model_len' = '262144' (str)" in str(err.value)
 
@@ -80,9 +78,12 @@ def test_bad_values_are_named():
 def test_paths(spark):
     assert vllm.venv_path(spark) == "/opt/servefleet/venvs/vllm-0.24.0"
     assert vllm.venv_path({**spark, "vllm_version": "0.26.0"}).endswith("/venvs/vllm-0.26.0")
-    host_data = SimpleNamespace(servefleet_root=spark["servefleet_root"])
-    assert vllm.model_dir(spark) == models.default_dir(host_data, spark["model_repo"])
-    assert vllm.model_dir({**spark, "model_dir": "/srv/m"}) == "/srv/m"
+    # One directory per repo and revision (the previous revision stays servable).
+    assert vllm.model_dir(spark) == "/opt/servefleet/models/Qwen--Qwen-AgentWorld-35B-A3B/main"
+    assert vllm.model_dir({**spark, "model_revision": "refs/pr/1"}).endswith("/refs~pr~1")
+    moved = {**spark, "servefleet_root": "/srv/sf", "models_root": "/data/models"}
+    assert vllm.venv_path(moved) == "/srv/sf/venvs/vllm-0.24.0"
+    assert vllm.model_dir(moved) == "/data/models/Qwen--Qwen-AgentWorld-35B-A3B/main"
 
 
 # --- versions ----------------------------------------------------------------------------------
@@ -127,7 +128,7 @@ def test_version_facts_parse_their_output():
 
 def test_torch_cuda_fact_reads_the_real_version_py(tmp_path):
     """The fact's command on a venv holding torch 2.11.0's real torch/version.py."""
-    from servefleet.testing.wheels import cache_subdir, wheel_member
+    from servefleet_dev.testing.wheels import cache_subdir, wheel_member
 
     wheels = sorted(cache_subdir("wheels").glob("torch-2.11.0-*.whl"))
     if not wheels:
@@ -159,28 +160,28 @@ def test_serve_args_are_the_recipe(spark):
 
 
 def test_exec_line_quotes_for_systemd():
-    line = vllm.systemd_exec_line(["/v/bin/vllm", "serve", "/m", "--served-model-name", "a b%c"])
-    assert line == "/v/bin/vllm serve /m \\\n    --served-model-name 'a b%%c'"
+    line = exec_line(["/v/bin/vllm", "serve", "/m", "--served-model-name", "a b%c$HOME"])
+    assert line == '/v/bin/vllm serve /m \\\n    --served-model-name "a b%%c$$HOME"'
 
 
-def render_unit(**context) -> str:
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    return env.from_string(vllm.UNIT_TEMPLATE.read_text()).render(**context)
-
-
-@pytest.mark.parametrize("env_file", [None, "/opt/servefleet/etc/vllm.env"])
-def test_unit_template(spark, env_file):
-    argv = ["/opt/servefleet/venvs/vllm-0.24.0/bin/vllm", *vllm.serve_args(spark, "/m")]
-    unit = render_unit(run_as="servefleet", root="/opt/servefleet", venv="/v",
-                       exec_start=vllm.systemd_exec_line(argv), env_file=env_file,
-                       served_model_name=spark["served_model_name"], timeout_start_s=1800)
+@pytest.mark.parametrize("key", [None, "/tmp/api-key"])
+def test_unit_template(spark, key, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)  # templates and their includes resolve against the project
+    unit = render_template(recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "api_key_file": key}))
     lines = unit.splitlines()
-    for expected in ("User=servefleet", "Environment=HF_HUB_OFFLINE=1", "Restart=on-failure",
-                     "StandardOutput=journal", "StandardError=journal",
+    for expected in ("User=servefleet", 'Environment="HF_HUB_OFFLINE=1"', "Restart=on-failure",
+                     "StandardOutput=journal", "StandardError=journal", "ProtectSystem=strict",
+                     "ReadWritePaths=/opt/servefleet/cache /opt/servefleet/models",
+                     "NoNewPrivileges=yes", "CapabilityBoundingSet=", "DevicePolicy=closed",
                      "WantedBy=multi-user.target"):
-        assert expected in lines
-    assert ("EnvironmentFile=/opt/servefleet/etc/vllm.env" in lines) == bool(env_file)
+        assert expected in lines, expected
+    assert ("EnvironmentFile=/opt/servefleet/etc/vllm.env" in lines) == bool(key)
     assert "--language-model-only \\" in unit and "--kv-cache-memory-bytes 8589934592" in unit
+    assert "MemoryDenyWriteExecute=yes" not in unit  # vLLM's JIT compilers need W+X memory
+    # GPU nodes: the NVIDIA devices, and only them, behind DevicePolicy=closed.
+    assert ("DeviceAllow=/dev/nvidiactl rw" in lines) is True
+    cpu = render_template(recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "require_gpu": False}))
+    assert "DeviceAllow" not in cpu
     service = unit.split("[Service]")[1].split("[Install]")[0]
     assert "\n\n" not in service.strip()
 
@@ -234,7 +235,7 @@ def test_auto_sized_pool_is_planned_from_what_is_left(spark):
 # --- operations on @local ----------------------------------------------------------------------
 
 def run_op(op: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYINFRA, "@local", f"servefleet.operations.vllm_serve.{op}", *args, "-y"],
+    return subprocess.run([PYINFRA, "@local", f"servefleet.operations.vllm_checks.{op}", *args, "-y"],
                           cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
@@ -276,20 +277,20 @@ def test_evict_reports_bytes_evicted(tmp_path):
     (tree / "link.safetensors").symlink_to(tree / "a.safetensors")  # counted once
     (tree / "a.safetensors").read_bytes()
     record = tmp_path / "evict.json"
-    done = subprocess.run([sys.executable, str(vllm.EVICT_SCRIPT), str(tree), "--record", str(record)],
+    done = subprocess.run([sys.executable, str(REPO_ROOT / recipe.EVICT_SCRIPT), str(tree), "--record", str(record)],
                           capture_output=True, text=True, check=True)
     report = json.loads(done.stdout)
     assert report == json.loads(record.read_text())
     assert (report["files"], report["bytes"]) == (1, 4 << 20)
     assert report["resident_after"] == 0
     assert report["evicted"] == report["resident_before"] > 0
-    again = json.loads(subprocess.run([sys.executable, str(vllm.EVICT_SCRIPT), str(tree)],
+    again = json.loads(subprocess.run([sys.executable, str(REPO_ROOT / recipe.EVICT_SCRIPT), str(tree)],
                                       capture_output=True, text=True, check=True).stdout)
     assert again["evicted"] == 0
 
 
 def test_evict_refuses_a_missing_directory(tmp_path):
-    done = subprocess.run([sys.executable, str(vllm.EVICT_SCRIPT), str(tmp_path / "nope")],
+    done = subprocess.run([sys.executable, str(REPO_ROOT / recipe.EVICT_SCRIPT), str(tmp_path / "nope")],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "is not a directory" in done.stderr
 
@@ -301,7 +302,7 @@ VLLM_LOG = """\
 
 
 def test_health_parses_the_engine_log():
-    health = load_script("files/vllm/health.py")
+    health = load_script("files/health/health.py")
     seen = health.parse_engine_log(VLLM_LOG.splitlines())
     assert seen == {"tokens": 412_980, "max_model_len": 262_144, "concurrency": "1.58"}
     assert health.compare(seen, 412_980, "1.58", 262_144) == []
@@ -348,10 +349,10 @@ def fake_vllm():
 def test_health_script_end_to_end(fake_vllm, tmp_path):
     log = tmp_path / "engine.log"
     log.write_text(VLLM_LOG)
-    env = tmp_path / "vllm.env"
-    env.write_text("VLLM_API_KEY=s3cret\n")
-    base = [sys.executable, str(vllm.HEALTH_SCRIPT), "--url", fake_vllm, "--model", "m",
-            "--timeout", "5", "--log-file", str(log), "--env-file", str(env)]
+    key = tmp_path / "api-key"
+    key.write_text("s3cret\n")  # the plain key file both engines use
+    base = [sys.executable, str(REPO_ROOT / recipe.HEALTH_SCRIPT), "--url", fake_vllm, "--model", "m",
+            "--timeout", "5", "--log-file", str(log), "--key-file", str(key)]
 
     ok = subprocess.run([*base, "--expect-tokens", "412980", "--expect-concurrency", "1.58",
                          "--max-model-len", "262144"], capture_output=True, text=True)
@@ -363,16 +364,16 @@ def test_health_script_end_to_end(fake_vllm, tmp_path):
     assert off.returncode == 1
     assert "vLLM logged GPU KV cache size 412,980 tokens, plan-kv expected 400,000" in off.stderr
 
-    env.write_text("VLLM_API_KEY=wrong\n")
+    key.write_text("wrong\n")
     denied = subprocess.run(base, capture_output=True, text=True)
     assert denied.returncode == 1 and "chat completion: HTTP 401" in denied.stderr
 
 
 def test_health_gives_up_after_its_timeout():
-    health = load_script("files/vllm/health.py")
+    health = load_script("files/health/health.py")
     clock = iter(range(0, 100, 5))
-    problem = health.wait_healthy("http://127.0.0.1:9", "", 10, sleep=lambda s: None,
-                                  now=lambda: next(clock))
+    problem = health.wait_healthy("http://127.0.0.1:9", health.Unit(""), 10,
+                                  sleep=lambda s: None, now=lambda: next(clock))
     assert problem.startswith("no healthy /health at http://127.0.0.1:9 after 10 s")
 
 
@@ -397,9 +398,11 @@ printf "cuda = '{cuda}'\\n" > {site}/torch/version.py
 
 
 def install(tmp_path: Path, venv: Path, uv: Path, data: dict) -> subprocess.CompletedProcess:
+    sources = [a for link in data.get("pip_find_links", []) for a in ("--find-links", link)]
     return subprocess.run(
-        [PYINFRA, "@local", "servefleet.operations.vllm_env.packages", f"venv={venv}", f"uv={uv}",
-         f"pins={json.dumps(PINS)}", 'torch_cuda="13.0"', f"data={json.dumps(data)}", "-y"],
+        [PYINFRA, "@local", "servefleet.operations.pyenv.packages", f"venv={venv}", f"uv={uv}",
+         f"pins={json.dumps(PINS)}", 'torch_cuda="13.0"', f"sources={json.dumps(sources)}",
+         f"no_deps={json.dumps(bool(data.get('python_no_deps')))}", "-y"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.paths import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
 PLATFORMS = {"aarch64": "aarch64-manylinux_2_39", "x86_64": "x86_64-manylinux_2_39"}

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-import servefleet.testing
+import servefleet_dev.testing
 from servefleet.operations.vllm_patch import recorded_patch
-from servefleet.testing.wheels import cache_lock, vllm_venv
+from servefleet_dev.testing.wheels import cache_lock, vllm_venv
 
 VERSION = "0.24.0"  # 0.26.0 does not construct on CPU: its activations need CUDA-only ops
-PROBE = Path(servefleet.testing.__file__).parent / "vllm_loader_probe.py"
+PROBE = Path(servefleet_dev.testing.__file__).parent / "vllm_loader_probe.py"
 PYINFRA = shutil.which("pyinfra", path=str(Path(sys.executable).parent)) or "pyinfra"
 MISSING_VISUAL = "ValueError: Following weights were not initialized from checkpoint: {'visual."
 

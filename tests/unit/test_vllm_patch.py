@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from servefleet.operations.vllm_patch import PATCH_ROOT, recorded_patch
-from servefleet.testing.wheels import vllm_wheel, wheel_member
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+from servefleet_dev.testing.wheels import vllm_wheel, wheel_member
 
 VERSIONS = ["0.24.0", "0.26.0"]
 MODEL_FILE = "vllm/model_executor/models/qwen3_5.py"
@@ -55,10 +57,14 @@ def model_file(venv: Path) -> Path:
 
 
 def pyinfra(op: str, venv: Path, cwd: Path, *flags: str) -> subprocess.CompletedProcess:
-    """Run one vllm_patch operation on @local, from a cwd outside the repo."""
+    """Run one vllm_patch operation on @local from the operator's project (files/ lives there);
+    the applier and the patch go to a scratch workdir beside the venv."""
+    workdir = [f"workdir={cwd / 'bin'}"] if op == "apply" else []
+    (cwd / "bin").mkdir(exist_ok=True)
     return subprocess.run(
-        [PYINFRA, "@local", f"servefleet.operations.vllm_patch.{op}", f"venv={venv}", *flags],
-        cwd=cwd,
+        [PYINFRA, "@local", f"servefleet.operations.vllm_patch.{op}", f"venv={venv}", *workdir,
+         *flags],
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=120,
@@ -237,7 +243,7 @@ def test_node_applier_writes_nothing_when_the_result_is_not_the_recorded_one(tmp
     before = target.read_bytes()
 
     done = subprocess.run(
-        [sys.executable, str(PATCH_ROOT / "apply_patch.py"), str(target),
+        [sys.executable, str(REPO_ROOT / PATCH_ROOT / "apply_patch.py"), str(target),
          str(recorded.patch_file), recorded.pristine_sha256, "0" * 64],
         capture_output=True, text=True,
     )

@@ -1,0 +1,5 @@
+import sys
+
+from servefleet.cli import main
+
+sys.exit(main())

@@ -1,0 +1,79 @@
+"""`servefleet drift INVENTORY DEPLOY [--limit ...] [--json] [--wide] [--all]`: is every host as
+the data says? Exit 0 in sync, 1 drift, 3 a host could not be checked (3 wins)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from pyinfra_cli.util import parse_cli_arg
+
+from servefleet.cli.output import cut, table, width
+from servefleet.verbs import drift
+
+
+def register(sub) -> None:
+    p = sub.add_parser("drift", help="check hosts against a deploy without changing anything")
+    p.add_argument("inventory")
+    p.add_argument("deploy")
+    p.add_argument("--limit", action="append", help="host name, glob or group (repeatable)")
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                   help="override data, as pyinfra's --data")
+    p.add_argument("--json", action="store_true", help="machine-readable report (see README)")
+    p.add_argument("--wide", action="store_true", help="expected and found in full")
+    p.add_argument("--all", action="store_true", help="list in-sync items too")
+    p.set_defaults(func=run)
+
+
+def parse_data(pairs: list[str]) -> dict:
+    """KEY=VALUE pairs as pyinfra's --data reads them (JSON, ints and booleans parsed)."""
+    data = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        data[key] = parse_cli_arg(value)
+    return data
+
+
+def render(report: drift.Report, show_all: bool = False, wide: bool = False) -> str:
+    """One line per host in sync; a line per differing item (cut to the terminal) otherwise."""
+    out = []
+    for host in report.hosts.values():
+        counts = {s: sum(i.state == s for i in host.items)
+                  for s in ("in_sync", "drifted", "conditional", "always_runs")}
+        caption = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        out.append(f"{host.name}: {host.status}" + (f" ({caption})" if caption else ""))
+        if host.error:
+            out.append(f"  unchecked: {host.error}")
+        # An operation's last name part says what it is ("Unit servefleet-llama.service");
+        # --wide and --json keep the whole "deploy | step | operation" name.
+        rows = [(i.state, i.name if wide else i.name.rsplit(" | ", 1)[-1], i.expected, i.found)
+                for i in host.items if show_all or i.state == "drifted"]
+        if not rows:
+            continue
+        if wide:
+            for state, name, expected, found in rows:
+                out.append(f"  {state}: {name}")
+                out.append(f"    expected: {expected}")
+                out += [f"    found:    {line}" if n == 0 else f"              {line}"
+                        for n, line in enumerate(str(found).splitlines() or [""])]
+        else:
+            flat = [(s, n, e, str(f).replace("\n", " | ")) for s, n, e, f in rows]
+            body = table(("state", "check", "expected", "found"), flat, width() - 2,
+                         shrink=("check", "expected", "found"))
+            out += ["  " + line for line in body.splitlines()]
+    summary = report.to_dict()["summary"]
+    out.append(f"drift: {summary['hosts']} hosts: {summary['in_sync']} in sync, "
+               f"{summary['drifted']} drifted, {summary['unchecked']} unchecked "
+               f"(exit {int(report.exit_code)})")
+    return "\n".join(out if wide else [cut(line, width()) for line in out])
+
+
+def run(args) -> int:
+    logging.getLogger("pyinfra").setLevel(logging.ERROR)  # our report is the output
+    report = drift.check(args.inventory, args.deploy, limit=args.limit,
+                         data=parse_data(args.data))
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(render(report, show_all=args.all, wide=args.wide))
+    return int(report.exit_code)

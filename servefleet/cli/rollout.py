@@ -1,0 +1,57 @@
+"""`servefleet rollout INVENTORY DEPLOY [--batch N|P%] [--max-failures K] [--limit ...]
+[--data KEY=VALUE ...] [--json]`: upgrade the fleet batch by batch, each host gated by its health
+check, a failed host rolled back to its previous release. Exit 0 all upgraded, 1 some rolled
+back or untouched, 4 a host needs attention (README, Exit codes)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from rich.console import Console
+
+from servefleet.cli.drift import parse_data
+from servefleet.cli.output import table
+from servefleet.verbs.rollout import Rollout, RolloutReport
+
+
+def register(sub) -> None:
+    p = sub.add_parser("rollout", help="upgrade in health-gated batches, rolling back failures")
+    p.add_argument("inventory")
+    p.add_argument("deploy")
+    p.add_argument("--batch", default="1", help="hosts per batch: N or P%% (default 1)")
+    p.add_argument("--max-failures", type=int, default=0,
+                   help="failed hosts tolerated before the rollout stops (default 0)")
+    p.add_argument("--limit", action="append", help="host name, glob or group (repeatable)")
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def render(report: RolloutReport) -> str:
+    rows = [(h.name, f"{h.from_release or '-'} -> {h.to_release or '-'}", h.result,
+             "-" if h.converge_s is None else f"{h.converge_s:.0f}",
+             "-" if h.gate_s is None else f"{h.gate_s:.0f}",
+             "-" if h.rollback_s is None else f"{h.rollback_s:.0f}", h.detail or "")
+            for h in report.hosts.values()]
+    body = table(("host", "from -> to", "result", "conv s", "gate s", "back s", "detail"), rows,
+                 shrink=("from -> to", "detail"))
+    tail = f"\n{report.message}" if report.message else ""
+    return f"{body}{tail}\nrollout {report.rollout_id}: exit {int(report.exit_code)}"
+
+
+def run(args) -> int:
+    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # our progress is the output
+    console = Console(stderr=args.json, highlight=False)
+    with console.status("preflight: data, reachability, health") as status:
+        def say(line: str) -> None:
+            console.print(f"  {line}", markup=False)
+            status.update(line)
+
+        report = Rollout(args.inventory, args.deploy, args.batch, args.max_failures, args.limit,
+                         parse_data(args.data), say).run()
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(render(report))
+    return int(report.exit_code)

@@ -1,0 +1,59 @@
+"""`servefleet status INVENTORY [--limit ...] [--wide] [--json]`: role, engine, model, service,
+health and release per node; one line per host in 80 columns."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from servefleet.cli.output import table
+from servefleet.core.errors import Exit
+from servefleet.verbs.status import status
+
+
+def register(sub) -> None:
+    p = sub.add_parser("status", help="what each node runs: engine, model, service, health")
+    p.add_argument("inventory")
+    p.add_argument("--limit", action="append")
+    p.add_argument("--wide", action="store_true", help="every detail, whatever the width")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def model_name(repo: str | None) -> str | None:
+    return repo.rsplit("/", 1)[-1] if repo else repo
+
+
+def render(nodes, wide: bool = False) -> str:
+    if wide:
+        headers = ("host", "role", "engine", "model", "revision", "service", "enabled",
+                   "/health", "port", "memory GiB", "VRAM GiB", "release", "previous", "error")
+        rows = [(n.host, n.role, n.engine_detail, n.model, n.revision, n.service, n.enabled,
+                 n.health, n.port,
+                 None if n.memory_total_gib is None else f"{n.memory_used_gib}/{n.memory_total_gib}",
+                 n.vram_used_gib,
+                 n.release + (f" (rolled back from {n.rolled_back_from})" if n.rolled_back_from
+                              else "") if n.release else None,
+                 n.previous_release, n.error) for n in nodes]
+        return table(headers, rows, max_width=10**6)
+    headers = ("host", "role", "engine", "model", "service", "health", "previous")
+    rows = []
+    for n in nodes:
+        if n.error:
+            rows.append((n.host, n.role, f"error: {n.error}", None, None, None, None))
+            continue
+        rows.append((n.host, n.role, n.engine, model_name(n.model), n.service, n.health,
+                     n.previous_release))
+    return table(headers, rows, shrink=("engine", "model", "previous"))
+
+
+def run(args) -> int:
+    logging.getLogger("pyinfra").setLevel(logging.ERROR)
+    nodes = status(args.inventory, args.limit)
+    if args.json:
+        print(json.dumps([n.to_dict() for n in nodes], indent=2))
+    else:
+        print(render(nodes, wide=args.wide))
+    if not nodes or any(n.error for n in nodes):
+        return int(Exit.UNREACHABLE)
+    return int(Exit.OK)

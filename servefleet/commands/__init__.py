@@ -1,1 +1,0 @@
-"""Sub-commands of the `servefleet` CLI: each module has register(subparsers)."""

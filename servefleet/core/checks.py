@@ -1,0 +1,178 @@
+"""Checks of single data values: each says in words what it expects, for one-line errors.
+
+Every value that reaches a node (a unit file, a path, a shell command) passes one of these
+first. The checks refuse what could change the meaning of a unit or a command: control
+characters, newlines, whitespace, IPv6 scope ids, `..` in paths. Escaping (systemd, shell)
+happens on top of this, where values are written (servefleet.core.systemd, shlex).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# Characters that may never reach a node inside a value: C0/C1 controls, DEL, whitespace.
+_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\u2028\u2029\s]")
+
+
+@dataclass(frozen=True)
+class Check:
+    expected: str  # the expected form, in words, for error messages
+    ok: Callable[[Any], bool]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_str(v) -> bool:
+    return isinstance(v, str)
+
+
+def safe_text(v) -> bool:
+    """A non-empty string with no whitespace or control characters."""
+    return _is_str(v) and v != "" and not _UNSAFE.search(v)
+
+
+def integer(lo: int | None = None, hi: int | None = None) -> Check:
+    words = "an integer" + (f" >= {lo}" if lo is not None and hi is None else "")
+    if lo is not None and hi is not None:
+        words = f"an integer from {lo} to {hi}"
+    return Check(words, lambda v: _is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi))
+
+
+def pattern(words: str, regex: str) -> Check:
+    compiled = re.compile(regex)
+    return Check(words, lambda v: _is_str(v) and compiled.fullmatch(v) is not None)
+
+
+BOOL = Check("true or false", lambda v: isinstance(v, bool))
+TEXT = Check("a non-empty string without spaces or control characters", safe_text)
+NAME = pattern("a name of letters, digits, '.', '_' or '-'", r"[A-Za-z0-9][A-Za-z0-9._-]*")
+URL = pattern("an http(s) URL without spaces", r"https?://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+")
+VERSION = pattern("a release version like 0.24.0", r"\d+(\.\d+)+")
+SHA = pattern("a 40-hex git commit sha", r"[0-9a-f]{40}")
+REVISION = Check(
+    "a branch, tag or 40-hex commit sha (letters, digits, '.', '_', '-', '/'; no '..')",
+    lambda v: _is_str(v) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", v) is not None
+    and ".." not in v and "//" not in v and not v.endswith("/") and not v.endswith(".lock"))
+REPO_ID = Check(
+    "a hub repo id like org/name (letters, digits, '.', '_', '-'; no '..')",
+    lambda v: _is_str(v) and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", v) is not None
+    and ".." not in v)
+# A command-line argument of the engine: no whitespace, quotes, backslashes or control characters.
+ARG = pattern("a string without whitespace, quotes or backslashes", r"[^\s'\"\\\x00-\x1f\x7f]+")
+
+# Account names: what useradd accepts on Debian/Ubuntu, and never an account that is root's.
+_SYSTEM_ACCOUNTS = {"root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news",
+                    "uucp", "proxy", "www-data", "backup", "list", "irc", "nobody", "systemd-network",
+                    "systemd-resolve", "messagebus", "sshd", "_apt", "sudo", "adm", "wheel",
+                    "shadow", "disk", "kmem", "tty"}
+ACCOUNT = Check("an unprivileged account name like servefleet (lowercase, not root or a system "
+                "account)",
+                lambda v: _is_str(v) and re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v) is not None
+                and v not in _SYSTEM_ACCOUNTS)
+
+
+def _ip_ok(v) -> bool:
+    # No scope ids (fe80::1%eth0): '%' in a unit is a specifier and the id is free text.
+    if not _is_str(v) or re.fullmatch(r"[0-9A-Fa-f:.]+", v) is None:
+        return False
+    try:
+        ipaddress.ip_address(v)
+    except ValueError:
+        return False
+    return True
+
+
+IP = Check("an IP address without a scope id (0.0.0.0 binds every interface)", _ip_ok)
+
+
+def is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def is_wildcard(address: str) -> bool:
+    return ipaddress.ip_address(address).is_unspecified
+
+
+# --- paths ------------------------------------------------------------------------------------
+
+_PATH_CHARS = re.compile(r"/[A-Za-z0-9._/@+-]*")
+
+
+def clean_abs_path(v) -> bool:
+    """Absolute, already normal (no '.', '..', '//', trailing '/'), from a safe character set."""
+    return (_is_str(v) and _PATH_CHARS.fullmatch(v) is not None
+            and posixpath.normpath(v) == v and not v.startswith("//"))
+
+
+ABS_PATH = Check("an absolute, normalised path (letters, digits, '._-+@/'; no '..', no spaces)",
+                 clean_abs_path)
+
+# Directories a node's system needs; a servefleet root, store or model root may be none of
+# these nor a parent of one (rebuild and pruning delete inside them).
+SYSTEM_DIRS = (
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media",
+    "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv", "/sys", "/tmp", "/usr",
+    "/usr/bin", "/usr/lib", "/usr/lib64", "/usr/libexec", "/usr/local", "/usr/local/bin",
+    "/usr/local/lib", "/usr/local/sbin", "/usr/sbin", "/usr/share", "/usr/src", "/var",
+    "/var/backups", "/var/cache", "/var/lib", "/var/local", "/var/log", "/var/mail", "/var/opt",
+    "/var/spool", "/var/tmp", "/var/lib/dpkg", "/var/lib/apt", "/var/lib/systemd",
+    "/etc/systemd", "/etc/ssh", "/lost+found", "/nix", "/cdrom",
+)
+
+
+def dedicated_dir_problem(path: str) -> str | None:
+    """Why `path` cannot be a directory servefleet owns and deletes in; None when it can."""
+    if not clean_abs_path(path):
+        return ABS_PATH.expected
+    if path in SYSTEM_DIRS:
+        return f"{path} is a system directory"
+    for system in SYSTEM_DIRS:
+        if system != "/" and system.startswith(path + "/"):
+            return f"{path} holds the system directory {system}"
+    if path.count("/") < 2:
+        return f"{path} is not at least two levels deep (e.g. /opt/servefleet)"
+    return None
+
+
+DEDICATED_DIR = Check(
+    "a dedicated directory at least two levels deep (e.g. /opt/servefleet), never a system "
+    "directory or a parent of one", lambda v: dedicated_dir_problem(v) is None)
+
+
+def inside(path: str, parent: str) -> bool:
+    """Is the normalised `path` strictly inside `parent`?"""
+    p, q = posixpath.normpath(path), posixpath.normpath(parent)
+    return p != q and p.startswith(q.rstrip("/") + "/")
+
+
+# --- combinators ------------------------------------------------------------------------------
+
+def one_of(*choices) -> Check:
+    return Check("one of " + ", ".join(repr(c) for c in choices), lambda v: v in choices)
+
+
+def optional(check: Check) -> Check:
+    return Check(f"{check.expected} or None", lambda v: v is None or check.ok(v))
+
+
+def list_of(check: Check, non_empty: bool = False) -> Check:
+    words = f"a {'non-empty ' if non_empty else ''}list, each {check.expected}"
+    return Check(words, lambda v: isinstance(v, (list, tuple)) and (len(v) > 0 or not non_empty)
+                 and all(check.ok(x) for x in v))
+
+
+def dict_of(key: Check, value: Check) -> Check:
+    return Check(f"a dict of {key.expected} -> {value.expected}",
+                 lambda v: isinstance(v, dict) and all(key.ok(k) and value.ok(x) for k, x in v.items()))
+
+
+def show(value) -> str:
+    """A value as an error message shows it: repr, cut at 80 characters."""
+    text = repr(value)
+    return text if len(text) < 80 else text[:77] + "..."

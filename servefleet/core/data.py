@@ -1,0 +1,145 @@
+"""Validation of a host's data against the contract: one function, used at inventory load
+(before any connection) and again by every recipe when its deploy is loaded.
+
+A host's data comes in layers, highest precedence first, as pyinfra merges them:
+`--data`, the host's own data (fleet.yml `data:`), its groups' group_data files (the
+inventory's file-name group last in pyinfra's order, so first here), group_data/all.py.
+Every layer is checked for unknown keys, naming the layer's file and the closest known key;
+the merged values are checked against the declared checks and the cross-key rules.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from servefleet.core import checks as c
+from servefleet.core import contract
+from servefleet.core.errors import DataError
+from servefleet.core.secrets import SecretError, read_secret
+
+
+@dataclass
+class Layer:
+    source: str  # where these values were written, e.g. "group_data/spark.py"
+    values: Mapping[str, Any]
+
+
+@dataclass
+class HostData:
+    """What validation needs to know of one host."""
+
+    name: str
+    groups: Sequence[str]
+    layers: list[Layer] = field(default_factory=list)  # highest precedence first
+
+    def merged(self) -> dict:
+        out: dict = {}
+        for layer in reversed(self.layers):
+            out.update(layer.values)
+        return out
+
+    def source_of(self, key: str) -> str:
+        for layer in self.layers:
+            if key in layer.values:
+                return layer.source
+        return "no file"
+
+
+def suggestion(key: str) -> str:
+    close = difflib.get_close_matches(key, contract.BY_NAME, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def unknown_key_problems(layer: Layer) -> list[str]:
+    return [f"unknown key {key!r} in {layer.source}{suggestion(key)}"
+            for key in layer.values
+            if key not in contract.BY_NAME and not contract.is_pyinfra_key(key)]
+
+
+def _value_problem(key: str, value, source: str) -> str:
+    check = contract.BY_NAME[key].check
+    return (f"key {key!r} = {c.show(value)} ({type(value).__name__}) from {source}; "
+            f"expected {check.expected}")
+
+
+def recipe_applies(recipe: str | None, groups: Sequence[str]) -> bool:
+    """A serving/depot deploy acts only on hosts of its role; others are a visible no-op."""
+    role = contract.ROLE_OF.get(recipe or "")
+    return role is None or role in groups
+
+
+def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> list[str]:
+    """Declared checks, cross-key rules and operator-side files of the merged data."""
+    problems = []
+    testbed = "testbed" in host.groups
+    for key, value in data.items():
+        knob = contract.BY_NAME.get(key)
+        if knob is None:
+            continue
+        if knob.scope == contract.TESTBED and value is not None and not testbed:
+            problems.append(f"key {key!r} is testbed-only (set in {host.source_of(key)}), and "
+                            f"{host.name} is not a testbed host")
+        elif not knob.check.ok(value):
+            problems.append(_value_problem(key, value, host.source_of(key)))
+    if problems:
+        return problems  # cross-key rules assume well-formed values
+
+    applies = recipe_applies(recipe, host.groups)
+    if recipe and applies:
+        for knob in contract.KNOBS:
+            if recipe in knob.required_by and data.get(knob.name) is None:
+                problems.append(f"key {knob.name!r} is missing; deploys/{recipe}.py needs "
+                                f"{knob.check.expected}")
+    serving = recipe in contract.SERVING and applies
+    if data.get("model_source") == "depot" and not data.get("depot_host") \
+            and recipe in (contract.BF16, contract.Q4, contract.MODEL) and applies:
+        problems.append("key 'depot_host' is missing; expected the depot's inventory name when "
+                        "model_source = 'depot'")
+    host_addr = data.get("service_host")
+    if serving and host_addr and not c.is_loopback(host_addr) and not data.get("api_key_file"):
+        problems.append(f"key 'api_key_file' is missing: the API binds {host_addr}, reachable "
+                        f"from other machines, and must require a key (set api_key_file, or "
+                        f"service_host = 127.0.0.1)")
+    for key in ("api_key_file", "hf_token_file"):
+        if data.get(key) and (serving or key == "hf_token_file"):
+            try:
+                read_secret(data[key])
+            except SecretError as exc:
+                problems.append(f"key {key!r} from {host.source_of(key)}: {exc}")
+    root = data.get("servefleet_root")
+    for key in ("models_root", "depot_store"):
+        other = data.get(key)
+        if root and other and (other == root or c.inside(root, other)):
+            problems.append(f"key {key!r} = {other!r} holds servefleet_root {root!r}; expected a "
+                            f"directory of its own")
+    return problems
+
+
+def validate(host: HostData, recipe: str | None = None) -> dict:
+    """The merged data of a valid host; DataError (one line, nothing changed) otherwise."""
+    problems = [p for layer in host.layers for p in unknown_key_problems(layer)]
+    data = host.merged()
+    if not problems:
+        problems = value_problems(host, data, recipe)
+    if problems:
+        raise DataError(f"invalid data for host {host.name}: " + "; ".join(problems)
+                        + "; nothing was changed")
+    return data
+
+
+def recipe_of(deploy_path: str | None) -> str | None:
+    """deploys/serve_bf16.py -> "serve_bf16" (None for a file that is no servefleet deploy)."""
+    if not deploy_path:
+        return None
+    stem = deploy_path.rsplit("/", 1)[-1].removesuffix(".py")
+    return stem if stem in contract.ALL_DEPLOYS else None
+
+
+def serving_digest(data: Mapping) -> str:
+    """sha256 of the knobs that change what serves (contract: serving=True), for releases."""
+    doc = {k: data.get(k) for k in sorted(contract.serving_keys())}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,204 @@
+"""Models on the operator side: the hub's API (revision -> commit sha, file list with LFS
+sha256), include patterns, and the record a verified download leaves on a node.
+
+The node-side fetcher is files/model/fetch_model.py; servefleet.operations.model runs it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from servefleet.core.errors import DataError
+from servefleet.core.secrets import SECRET_RE, SecretError, read_secret
+
+RECORD = ".servefleet/verified.json"  # inside the model directory: "complete and verified"
+SIZES_MARKER = "#servefleet-sizes"  # the VerifiedModel fact's separator: record, then sizes
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+def matches(path: str, include: list[str]) -> bool:
+    """huggingface_hub's allow_patterns: fnmatch, a trailing '/' means the whole folder."""
+    return any(fnmatch.fnmatch(path, p + "*" if p.endswith("/") else p) for p in include)
+
+
+def safe_repo_path(path) -> bool:
+    """A file path a hub or depot may name: relative, normal, no '..', no control characters."""
+    return (isinstance(path, str) and path != "" and not path.startswith("/")
+            and all(part not in ("", ".", "..") for part in path.split("/"))
+            and re.fullmatch(r"[A-Za-z0-9._/+@=-]+", path) is not None)
+
+
+class HubError(Exception):
+    """The hub did not give us the commit or its file list; the message never holds the token."""
+
+
+@dataclass(frozen=True)
+class HubFile:
+    path: str
+    size: int
+    oid: str  # git blob sha1 (of the LFS pointer for LFS files)
+    sha256: str | None  # the LFS oid; None for small files kept in git
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "size": self.size, "oid": self.oid, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class HubCommit:
+    repo_id: str
+    sha: str
+    files: tuple[HubFile, ...]
+
+    def select(self, include: list[str]) -> list[HubFile]:
+        return [f for f in self.files if matches(f.path, include)]
+
+
+def _get_json(url: str, token: str | None, timeout: float, what: str):
+    req = urllib.request.Request(url, headers={"Accept": "application/json",
+                                               "User-Agent": "servefleet"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read()), resp.headers.get("Link")
+    except urllib.error.HTTPError as exc:
+        code = exc.headers.get("X-Error-Code") or ""
+        if exc.code in (401, 403) or code in ("RepoNotFound", "GatedRepo"):
+            hint = ("a token was sent but refused" if token else
+                    "no token was given (set HF_TOKEN or hf_token_file)")
+            raise HubError(f"{what}: the hub answered {exc.code} {code} - the repo does not exist, "
+                           f"or it is private/gated and {hint}") from None
+        if code == "RevisionNotFound":
+            raise HubError(f"{what}: revision not found on the hub") from None
+        raise HubError(f"{what}: the hub answered HTTP {exc.code} {code}".rstrip()) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise HubError(f"{what}: cannot reach the hub: {reason}") from None
+
+
+def _next_link(link: str | None) -> str | None:
+    """The rel="next" URL of a Link header (the hub pages tree listings by 1000)."""
+    for part in (link or "").split(","):
+        m = re.match(r'\s*<([^>]+)>\s*;.*rel="?next"?', part)
+        if m:
+            return m.group(1)
+    return None
+
+
+@functools.lru_cache(maxsize=128)
+def hub_commit(endpoint: str, repo_id: str, revision: str, token: str | None = None,
+               timeout: float = 30) -> HubCommit:
+    """The commit `revision` designates on the hub at endpoint, with every file (cached per run)."""
+    endpoint = endpoint.rstrip("/")
+    what = f"{repo_id}@{revision} on {endpoint}"
+    sha = revision
+    if not SHA_RE.fullmatch(revision):
+        doc, _ = _get_json(f"{endpoint}/api/models/{repo_id}/revision/{quote(revision, safe='')}",
+                           token, timeout, what)
+        sha = doc.get("sha") if isinstance(doc, dict) else None
+        if not sha or not SHA_RE.fullmatch(sha):
+            raise HubError(f"{what}: the hub's answer has no commit sha")
+    out: list[HubFile] = []
+    url = f"{endpoint}/api/models/{repo_id}/tree/{sha}?recursive=true"
+    while url:
+        entries, link = _get_json(url, token, timeout, what)
+        if not isinstance(entries, list):
+            raise HubError(f"{what}: the hub's file list is not a list")
+        for e in entries:
+            if not isinstance(e, dict) or e.get("type") != "file":
+                continue
+            out.append(_hub_file(e, what))
+        url = _next_link(link)
+        if url and not url.startswith(endpoint + "/"):
+            raise HubError(f"{what}: the hub's next page {url[:100]!r} is not on {endpoint}")
+    return HubCommit(repo_id=repo_id, sha=sha, files=tuple(sorted(out, key=lambda f: f.path)))
+
+
+def _hub_file(entry: dict, what: str) -> HubFile:
+    """One tree entry, refused unless its path stays inside the model directory and its size
+    and hashes are well-formed (a hostile hub cannot name ../../etc/passwd)."""
+    path, size = entry.get("path"), entry.get("size")
+    if not safe_repo_path(path):
+        raise HubError(f"{what}: the hub lists a file path {str(path)[:100]!r} that is not a "
+                       f"plain relative path; refused")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise HubError(f"{what}: the hub lists {path} with size {size!r}; refused")
+    lfs = entry.get("lfs") if isinstance(entry.get("lfs"), dict) else {}
+    sha256 = lfs.get("oid") or lfs.get("sha256")
+    oid = entry.get("oid", "")
+    if sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", str(sha256)):
+        raise HubError(f"{what}: the hub lists {path} with sha256 {str(sha256)[:80]!r}; refused")
+    if oid and not re.fullmatch(r"[0-9a-f]{40}", str(oid)):
+        raise HubError(f"{what}: the hub lists {path} with oid {str(oid)[:80]!r}; refused")
+    return HubFile(path=path, size=size, oid=oid, sha256=sha256)
+
+
+def operator_token(data, host_name: str) -> str | None:
+    """The hub token: the file hf_token_file names (operator side), else $HF_TOKEN, else None."""
+    path = data.get("hf_token_file")
+    if path:
+        try:
+            return read_secret(path)
+        except SecretError as exc:
+            raise DataError(f"invalid data for host {host_name}: key 'hf_token_file': {exc}; "
+                            f"nothing was changed") from None
+    token = os.environ.get("HF_TOKEN")
+    if token and not SECRET_RE.fullmatch(token):
+        raise DataError(f"invalid $HF_TOKEN for host {host_name}: expected one line of "
+                        f"URL-safe characters; nothing was changed")
+    return token or None
+
+
+def parse_verified(lines: list[str]) -> dict | None:
+    """The record a verified download left, if every recorded file is on disk at its size."""
+    record, on_disk = split_record(lines)
+    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+        return None
+    if any(on_disk.get(p) != s for p, s in record["files"].items()):
+        return None
+    return record
+
+
+def split_record(lines: list[str]) -> tuple[dict | None, dict[str, int]]:
+    """(record or None, {path: size on disk}) from the VerifiedModel fact's output."""
+    if SIZES_MARKER not in lines:
+        return None, {}
+    cut = lines.index(SIZES_MARKER)
+    try:
+        record = json.loads("\n".join(lines[:cut]))
+    except ValueError:
+        record = None
+    on_disk = {}
+    for line in lines[cut + 1:]:
+        size, _, path = line.partition(" ")
+        if size.isdigit():
+            on_disk[path] = int(size)
+    return (record if isinstance(record, dict) else None), on_disk
+
+
+def satisfies(record: dict | None, repo_id: str, sha: str, include: list[str]) -> bool:
+    """Does a verified record already hold repo_id at sha with these include patterns?"""
+    return bool(record) and record.get("repo_id") == repo_id and record.get("sha") == sha \
+        and sorted(record.get("include") or []) == sorted(include)
+
+
+def invalid_record_reason(record: dict | None, on_disk: dict[str, int]) -> str:
+    """Why there is no valid record: none, or files missing / resized."""
+    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+        return f"no {RECORD}"
+    missing = sorted(p for p in record["files"] if p not in on_disk)
+    resized = sorted(p for p, s in record["files"].items() if p in on_disk and on_disk[p] != s)
+    parts = []
+    if missing:
+        parts.append("missing: " + ", ".join(missing))
+    if resized:
+        parts.append("size changed: " + ", ".join(resized))
+    return "; ".join(parts) or "record unreadable"

@@ -1,0 +1,112 @@
+"""What a node is, as pure parsers of command output and the preflight rules on top of them.
+
+The facts (servefleet.facts.node) run the commands; the parsers here are unit-tested on real
+output (tests/fixtures/, an H200's nvidia-smi among them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servefleet.core.errors import DataError
+
+
+def parse_os_release(lines: list[str]) -> dict:
+    """/etc/os-release as a dict, plus `family` (its ID: debian, ubuntu, ...)."""
+    info = {}
+    for line in lines:
+        if "=" in line:
+            key, _, value = line.partition("=")
+            info[key.strip().lower()] = value.strip().strip('"')
+    info["family"] = info.get("id", "unknown")
+    return info
+
+
+def parse_meminfo(lines: list[str]) -> dict:
+    values = {}
+    for line in lines:
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            values[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    return {"total": values.get("MemTotal", 0), "available": values.get("MemAvailable", 0)}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    memory_bytes: int | None  # None where nvidia-smi reports [N/A] (GB10 unified memory)
+    driver_version: str
+    compute_capability: str | None
+
+    @property
+    def driver_major(self) -> int:
+        return int(self.driver_version.split(".")[0])
+
+
+NVIDIA_SMI_QUERY = ("nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap "
+                    "--format=csv,noheader,nounits")
+
+
+def _na(value: str) -> str | None:
+    value = value.strip()
+    return None if value in ("[N/A]", "N/A", "[Not Supported]", "") else value
+
+
+def parse_nvidia_smi(lines: list[str]) -> list[Gpu]:
+    gpus = []
+    for line in lines:
+        if not line.strip():
+            continue
+        index, name, memory, driver, cc = (f.strip() for f in line.split(","))
+        mib = _na(memory)
+        gpus.append(Gpu(index=int(index), name=name,
+                        memory_bytes=int(float(mib)) * 1024**2 if mib else None,
+                        driver_version=driver, compute_capability=_na(cc)))
+    return gpus
+
+
+def node_problems(*, arch: str, gpus: list[Gpu], free_disk: int, data) -> list[str]:
+    """What makes this node unfit for its recipe; [] when it is fit."""
+    problems = []
+    expected = data.get("expected_arch")
+    if expected and arch != expected:
+        problems.append(f"CPU architecture is {arch}, the recipe is built for {expected}")
+    if data.get("require_gpu"):
+        if not gpus:
+            problems.append("no NVIDIA GPU found (nvidia-smi missing or lists none); install the "
+                            "driver, or set require_gpu = False for a host without one")
+        else:
+            minimum = data.get("min_driver_version")
+            old = [g for g in gpus if g.driver_major < minimum]
+            if old:
+                problems.append(f"NVIDIA driver {old[0].driver_version} is older than the "
+                                f"recipe's minimum {minimum}; upgrade the driver")
+    need = data.get("min_free_disk_bytes") or 0
+    if free_disk < need:
+        problems.append(f"{free_disk / 1024**3:.1f} GiB free under {data.get('servefleet_root')}, "
+                        f"need {need / 1024**3:.1f} GiB")
+    return problems
+
+
+def usable_memory(data, memory: dict, gpus: list[Gpu]) -> int:
+    """Memory the engine may plan with: data wins; else the GPU's memory; else system memory.
+
+    On GB10 (unified memory) nvidia-smi reports no GPU memory, so system memory is used there.
+    """
+    if data.get("usable_memory_bytes"):
+        return data["usable_memory_bytes"]
+    sized = [g.memory_bytes for g in gpus if g.memory_bytes]
+    return min(sized) if sized else memory["total"]
+
+
+def per_family(data, key: str, family: str, host_name: str):
+    """A per-distro-family table's entry for this host; DataError naming the missing family."""
+    table = data.get(key) or {}
+    if family not in table:
+        raise DataError(
+            f"invalid data for host {host_name}: key {key!r} has no entry for this host's OS "
+            f"family {family!r}; expected one of {sorted(table)} or add {family!r}; nothing was "
+            f"changed")
+    return table[family]

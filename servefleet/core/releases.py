@@ -1,0 +1,168 @@
+"""Releases on a node: what serves, recorded after every successful converge of a serving
+recipe, so that the previous one can be served again without downloading or building.
+
+A release is the engine and its version, the venv or build prefix, the unit file's content,
+the model (repo, revision, sha, directory) and the digest of the data that changes what serves.
+`{root}/state/releases.json` keeps the current release, the previous ones (newest first, as
+many as `releases_keep` allows, current included) and, after a rollback, the release rolled
+back from. Everything a kept release names stays on disk; the rest is pruned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from dataclasses import asdict, dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Release:
+    engine: str  # "vllm" | "llama.cpp"
+    version: str  # "0.24.0" | "b9785"
+    prefix: str  # the venv or the build prefix
+    unit: str  # unit name
+    unit_text: str  # the unit file as installed: restoring it serves this release again
+    model_repo: str
+    model_revision: str
+    model_sha: str | None
+    model_dir: str
+    data_digest: str
+    commit: str | None = None  # llama.cpp: the source commit
+    gate: dict = field(default_factory=dict)  # its health check's arguments (operations.health)
+    recorded_at: str = ""
+
+    @property
+    def id(self) -> str:
+        doc = {k: v for k, v in asdict(self).items() if k != "recorded_at"}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def short(self) -> str:
+        """For 80 columns: "vllm 0.24.0", "llama.cpp b9785"."""
+        return f"{self.engine} {self.version}"
+
+    @property
+    def describe(self) -> str:
+        rev = self.model_sha[:12] if self.model_sha else self.model_revision
+        return f"{self.short} ({self.id}), {self.model_repo}@{rev}"
+
+    def paths(self) -> set[str]:
+        return {self.prefix, self.model_dir}
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc) -> "Release | None":
+        if not isinstance(doc, dict):
+            return None
+        try:
+            return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+        except TypeError:
+            return None
+
+
+@dataclass(frozen=True)
+class Releases:
+    current: Release | None = None
+    previous: tuple[Release, ...] = ()  # newest first
+    rolled_back_from: Release | None = None
+
+    def to_json(self) -> dict:
+        return {"current": self.current.to_json() if self.current else None,
+                "previous": [r.to_json() for r in self.previous],
+                "rolled_back_from": self.rolled_back_from.to_json() if self.rolled_back_from
+                else None}
+
+    @classmethod
+    def from_json(cls, doc) -> "Releases":
+        if not isinstance(doc, dict):
+            return cls()
+        previous = tuple(r for r in (Release.from_json(d) for d in doc.get("previous") or [])
+                         if r is not None)
+        return cls(Release.from_json(doc.get("current")), previous,
+                   Release.from_json(doc.get("rolled_back_from")))
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
+
+    @property
+    def previous_release(self) -> Release | None:
+        return self.previous[0] if self.previous else None
+
+    def kept(self) -> list[Release]:
+        return [r for r in (self.current, *self.previous, self.rolled_back_from) if r]
+
+    def kept_paths(self) -> set[str]:
+        return {p for r in self.kept() for p in r.paths()}
+
+
+def record(releases: Releases, new: Release, keep: int) -> tuple[Releases, list[Release]]:
+    """`new` as the current release; the old current becomes the newest previous one.
+    Returns the new records and the releases dropped beyond `keep` (current included)."""
+    if releases.current and releases.current.id == new.id:
+        return releases, []
+    previous = [r for r in ((releases.current,) if releases.current else ()) + releases.previous
+                if r.id != new.id]
+    kept, dropped = previous[:max(keep - 1, 0)], previous[max(keep - 1, 0):]
+    rolled = releases.rolled_back_from
+    if rolled and rolled.id != new.id:
+        dropped.append(rolled)  # a new release replaces the one rolled back from
+    return Releases(new, tuple(kept), None), dropped
+
+
+def rollback(releases: Releases) -> Releases | None:
+    """The records after going back to the previous release; None when there is none."""
+    if not releases.previous:
+        return None
+    return Releases(releases.previous[0], releases.previous[1:], releases.current)
+
+
+def prune_candidates(releases: Releases, dropped: list[Release]) -> list[str]:
+    """Directories of dropped releases that no kept release uses."""
+    kept = releases.kept_paths()
+    out = []
+    for r in dropped:
+        for p in sorted(r.paths()):
+            if p not in kept and p not in out:
+                out.append(p)
+    return out
+
+
+def with_time(release: Release, when: str) -> Release:
+    return replace(release, recorded_at=when)
+
+
+def unit_sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def bounded(path: str, parents: list[str]) -> bool:
+    """Is `path` strictly inside one of `parents` (normalised)? Pruning deletes nothing else."""
+    p = posixpath.normpath(path)
+    return any(p != posixpath.normpath(q) and p.startswith(posixpath.normpath(q) + "/")
+               for q in parents)
+
+
+@dataclass
+class RolloutMarker:
+    """The in-progress marker of a rollout on a node (state/rollout.json)."""
+
+    rollout_id: str
+    target_digest: str
+    phase: str  # converging | gating | rolling-back
+    from_release: str | None = None
+    started_at: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True) + "\n"
+
+    @classmethod
+    def loads(cls, text: str) -> "RolloutMarker | None":
+        try:
+            doc = json.loads(text)
+            return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+        except (ValueError, TypeError, KeyError):
+            return None

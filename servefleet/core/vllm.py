@@ -1,0 +1,192 @@
+"""The BF16 vLLM recipe's pure logic: pins, the serve command, the unit's values, the memory
+verdict. Unit-tested; the steps (servefleet.recipes.vllm) and drift both call it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servefleet.core import kvplan
+from servefleet.core import systemd as sd
+from servefleet.core.layout import VLLM_UNIT, NodeLayout
+
+UNIT = VLLM_UNIT
+ENGINE = "vllm"
+# vLLM versions whose KV-cache arithmetic plan-kv was checked against the real engine on a GPU
+# (tests/fixtures/h200/vllm/: same lines for the same config, and plan-kv matched them). For
+# any other version the health gate says "KV not compared" instead of passing silently.
+KV_VERIFIED_VERSIONS = ("0.24.0", "0.26.0")
+# The service's PATH: the venv first (vLLM's subprocesses and compilers find its tools).
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def venv_path(data) -> str:
+    return NodeLayout.of(data).engine_venv(ENGINE, data["vllm_version"])
+
+
+def pins(data) -> dict[str, str]:
+    return {"torch": data["torch_version"], "vllm": data["vllm_version"]}
+
+
+def public_version(version: str) -> str:
+    """2.11.0+cu130 -> 2.11.0: a pin without a local label matches any local label (PEP 440)."""
+    return version.split("+", 1)[0]
+
+
+def version_problems(found: dict[str, str], wanted: dict[str, str], cuda: str | None,
+                     wanted_cuda: str | None, venv: str) -> list[str]:
+    """What differs between the venv and the pins; [] when it is as data says."""
+    problems = []
+    for name, pin in wanted.items():
+        have = found.get(name)
+        if have is None:
+            problems.append(f"{name} is not installed in {venv} (pinned {name}=={pin})")
+        elif public_version(have) != pin:
+            problems.append(f"{name} {have} is installed in {venv}, the pin is {name}=={pin}")
+    if wanted_cuda and "torch" in found and cuda != wanted_cuda:
+        problems.append(f"torch.version.cuda is {cuda or 'None (a CPU build)'} in {venv}, the "
+                        f"recipe needs CUDA {wanted_cuda}: install torch from an index that "
+                        f"serves the cu{wanted_cuda.replace('.', '')} build")
+    return problems
+
+
+def versions_match(found: dict[str, str], wanted: dict[str, str]) -> bool:
+    return all(name in found and public_version(found[name]) == pin for name, pin in wanted.items())
+
+
+def uv_env(data) -> dict[str, str]:
+    """Environment of the uv commands: system CA store, never a uv-downloaded Python."""
+    env = {"UV_SYSTEM_CERTS": "1", "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+    if data.get("uv_cache_dir"):
+        # A cache on another filesystem than the venv: copy, don't try to hardlink.
+        env.update({"UV_CACHE_DIR": data["uv_cache_dir"], "UV_LINK_MODE": "copy"})
+    return env
+
+
+def page_cache_applies(data) -> bool:
+    """Purge the model from the page cache? auto: only when vLLM sizes its pool from free memory."""
+    policy = data["page_cache_policy"]
+    if policy == "auto":
+        return data.get("kv_cache_memory_bytes") is None
+    return policy == "always"
+
+
+def serve_args(data, model: str) -> list[str]:
+    """`vllm serve` argv (after the executable) for this host's data."""
+    args = [
+        "serve", model,
+        "--served-model-name", data["served_model_name"],
+        "--dtype", "bfloat16",
+        "--max-model-len", str(data["max_model_len"]),
+        "--host", data["service_host"],
+        "--port", str(data["service_port"]),
+    ]
+    if data["language_model_only"]:
+        args.append("--language-model-only")
+    if data.get("kv_cache_memory_bytes") is not None:
+        args += ["--kv-cache-memory-bytes", str(data["kv_cache_memory_bytes"])]
+    return args + list(data.get("vllm_extra_args") or [])
+
+
+def executable(data) -> str:
+    """The venv's `vllm`; on the testbed only, vllm_executable (the engine stand-in)."""
+    return data.get("vllm_executable") or f"{venv_path(data)}/bin/vllm"
+
+
+def unit_context(data, model: str) -> dict:
+    """Variables of files/vllm/servefleet-vllm.service.j2, every one escaped for systemd.
+    model: the model's directory on the node (its revision resolved to a commit)."""
+    lay = NodeLayout.of(data)
+    venv = venv_path(data)
+    env = {
+        "HOME": lay.cache_dir,
+        "VIRTUAL_ENV": venv,
+        "PATH": f"{venv}/bin:{SYSTEM_PATH}",
+        # Compile caches (torch.compile, Triton, vLLM) go to the service's own writable dir.
+        "XDG_CACHE_HOME": lay.cache_dir,
+        "VLLM_CACHE_ROOT": f"{lay.cache_dir}/vllm",
+        "HF_HOME": f"{lay.cache_dir}/hf-engine",
+        # The model is on local disk: vLLM and the hub client never reach the network for it.
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return {
+        "service_user": sd.setting(data["servefleet_user"]),
+        "working_directory": sd.setting(lay.cache_dir),
+        "environment": [sd.environment(k, v) for k, v in env.items()],
+        "env_file": sd.setting(lay.vllm_env_file) if data.get("api_key_file") else None,
+        "exec_start": sd.exec_line([executable(data), *serve_args(data, model)]),
+        "description": sd.text(data["served_model_name"]),
+        "timeout_start_s": int(data["health_timeout_s"]),
+        "read_write_paths": [sd.setting(p) for p in lay.writable_dirs],
+        "gpu": bool(data.get("require_gpu")),
+    }
+
+
+def kv_compared(version: str) -> bool:
+    return version in KV_VERIFIED_VERSIONS
+
+
+@dataclass(frozen=True)
+class MemoryVerdict:
+    plan: kvplan.KVPlan
+    budget: kvplan.Budget
+    pool_source: str  # "data" (--kv-cache-memory-bytes) or "estimate" (vLLM auto-sizes)
+    problems: list[str]
+
+    def summary(self) -> str:
+        gib = kvplan.format_gib
+        p, b = self.plan, self.budget
+        return (f"KV pool {gib(p.kv_cache_memory_bytes)} GiB ({self.pool_source}): block size "
+                f"{p.block_size}, {p.num_blocks:,} blocks, GPU KV cache size {p.tokens:,} tokens, "
+                f"maximum concurrency {p.max_concurrency:.2f}x at {p.max_model_len:,} tokens; weights "
+                f"{gib(b.weights_bytes)} + pool {gib(b.kv_cache_memory_bytes)} + overhead "
+                f"{gib(b.overhead_bytes)} = {gib(b.total_bytes)} of {gib(b.usable_memory_bytes)} "
+                f"GiB usable")
+
+
+def memory_verdict(config: dict, weights_bytes: int, usable_bytes: int, data) -> MemoryVerdict:
+    """plan-kv and the memory budget for this host; problems name the numbers.
+
+    With kv_cache_memory_bytes the pool is exact (vLLM takes it as given). Without it vLLM sizes
+    the pool from free memory at startup; the preflight then plans with what is left of usable
+    memory after weights and overhead, an estimate that still catches a model that cannot fit.
+    """
+    overhead = data["memory_overhead_bytes"]
+    pool = data.get("kv_cache_memory_bytes")
+    source = "data"
+    if pool is None:
+        pool, source = max(usable_bytes - weights_bytes - overhead, 0), "estimate"
+    plan = kvplan.plan_kv(config, data["max_model_len"], pool,
+                          block_alignment=data["kv_block_alignment"])
+    bud = kvplan.budget(weights_bytes, pool, usable_memory_bytes=usable_bytes,
+                        overhead_bytes=overhead)
+    gib = kvplan.format_gib
+    problems = []
+    if not plan.fits:
+        hint = (f"; it holds at most {plan.estimated_max_model_len:,} tokens per request"
+                if plan.estimated_max_model_len else "")
+        problems.append(
+            f"vLLM would refuse to start: one {plan.max_model_len:,}-token request needs "
+            f"{gib(plan.needed_bytes)} GiB ({plan.needed_bytes:,} bytes) of KV cache, the pool is "
+            f"{gib(pool)} GiB ({pool:,} bytes){hint}; raise kv_cache_memory_bytes or lower "
+            f"max_model_len")
+    if not bud.fits:
+        problems.append(
+            f"weights {gib(bud.weights_bytes)} + KV pool {gib(pool)} + overhead "
+            f"{gib(overhead)} = {gib(bud.total_bytes)} GiB > {gib(usable_bytes)} GiB usable "
+            f"(short by {gib(bud.total_bytes - usable_bytes)} GiB); lower kv_cache_memory_bytes "
+            f"or set usable_memory_bytes to what this host really has")
+    return MemoryVerdict(plan, bud, source, problems)
+
+
+def kv_expectation(config: dict, data) -> tuple[int, str] | None:
+    """plan-kv's (tokens, concurrency "X.XX") that the engine must log, or None when the pool
+    is auto-sized (nothing exact to compare)."""
+    pool = data.get("kv_cache_memory_bytes")
+    if pool is None:
+        return None
+    plan = kvplan.plan_kv(config, data["max_model_len"], pool,
+                          block_alignment=data["kv_block_alignment"])
+    return plan.tokens, f"{plan.max_concurrency:.2f}"

@@ -1,0 +1,31 @@
+"""Facts read on the depot host."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase
+
+from servefleet.core.models import SHA_RE
+
+
+class SshHostKey(FactBase):
+    """The host's ed25519 SSH host key line (`ssh-ed25519 AAAA...`)."""
+
+    def command(self):
+        return "cat /etc/ssh/ssh_host_ed25519_key.pub"
+
+    def process(self, output):
+        parts = " ".join(output).split()
+        return " ".join(parts[:2]) if len(parts) >= 2 and parts[0].startswith("ssh-") else None
+
+
+class DepotRef(FactBase):
+    """The commit sha the depot holds verified at a ref file, or None."""
+
+    def command(self, ref_file):
+        return f"cat {shlex.quote(ref_file)} 2>/dev/null || true"
+
+    def process(self, output):
+        sha = "".join(output).strip()
+        return sha if SHA_RE.fullmatch(sha) else None

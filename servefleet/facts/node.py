@@ -1,0 +1,87 @@
+"""Facts about a node: OS, CPU, memory, disk, NVIDIA GPUs. One shell command each; the parsers
+are servefleet.core.node's, unit-tested on real output."""
+
+from __future__ import annotations
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from servefleet.core.node import (NVIDIA_SMI_QUERY, parse_meminfo, parse_nvidia_smi,
+                                  parse_os_release)
+
+
+class OsRelease(FactBase):
+    """`/etc/os-release` as a dict, plus `family` (ubuntu | debian | the ID)."""
+
+    def command(self):
+        return "cat /etc/os-release"
+
+    def process(self, output):
+        return parse_os_release(output)
+
+
+class CpuArch(FactBase):
+    """`uname -m`: x86_64 or aarch64."""
+
+    def command(self):
+        return "uname -m"
+
+
+class MemoryBytes(FactBase):
+    """Total and available system memory in bytes, from /proc/meminfo."""
+
+    def command(self):
+        return "cat /proc/meminfo"
+
+    def process(self, output):
+        return parse_meminfo(output)
+
+
+class FreeDiskBytes(FactBase):
+    """Free bytes on the filesystem that holds path (or its nearest existing parent)."""
+
+    def command(self, path):
+        # The servefleet root may not exist yet: walk up to the directory that will hold it.
+        return StringCommand(
+            StringCommand("p=", QuoteString(path), _separator=""),
+            '; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -P -B1 "$p" | tail -n 1')
+
+    def process(self, output):
+        return int(output[-1].split()[3])
+
+
+class NvidiaGpus(FactBase):
+    """GPUs as nvidia-smi lists them; [] on a host without nvidia-smi (no warning: a host
+    without a GPU is an answer, not an ordering error)."""
+
+    default = list
+
+    def command(self):
+        return f"if command -v nvidia-smi >/dev/null 2>&1; then {NVIDIA_SMI_QUERY}; fi; true"
+
+    def process(self, output):
+        return parse_nvidia_smi(output)
+
+
+class GpuMemoryUsed(FactBase):
+    """MiB in use on each GPU ([] without nvidia-smi)."""
+
+    default = list
+
+    def command(self):
+        return ("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi "
+                "--query-gpu=memory.used --format=csv,noheader,nounits; fi; true")
+
+    def process(self, output):
+        return [float(x) for x in output if x.strip().replace(".", "", 1).isdigit()]
+
+
+class DirEntries(FactBase):
+    """Names directly under a directory ([] when it does not exist)."""
+
+    default = list
+
+    def command(self, path):
+        return StringCommand("ls -1A", QuoteString(path), "2>/dev/null || true")
+
+    def process(self, output):
+        return [line.strip() for line in output if line.strip()]

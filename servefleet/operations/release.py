@@ -1,0 +1,124 @@
+"""Operations on a node's releases (servefleet.core.releases): record the current one after a
+successful converge and prune what no kept release names; go back to the previous one."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+
+from servefleet.core import releases as rel
+from servefleet.facts.releases import NodeReleases, RunningRelease
+from servefleet.operations.node import fail_host, upload
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@operation()
+def record(releases_file: str, release, keep: int, bounds: list[str]):
+    """
+    Record what serves as the node's current release; prune directories only dropped releases
+    named.
+
+    + releases_file: the node's releases.json
+    + release: () -> Release, built from facts when the operation runs (at execution: after
+      this run's install, download and unit)
+    + keep: releases kept, current included (releases_keep)
+    + bounds: the only directories pruning may delete inside (venvs, builds, models)
+
+    **Example:** servefleet.recipes.release.record fills every argument.
+    """
+    current = host.get_fact(NodeReleases, path=releases_file)
+    new = release()
+    if current.current and current.current.id == new.id and not current.rolled_back_from:
+        host.noop(f"release {new.describe} is recorded")
+        return
+    updated, dropped = rel.record(current, rel.with_time(new, _now()), keep)
+    if current.rolled_back_from and current.current and current.current.id == new.id:
+        updated = rel.Releases(current.current, current.previous, None)  # converged back to it
+        dropped = [current.rolled_back_from]
+    yield from upload._inner(dest=releases_file, content=updated.dumps(), mode="644")
+    for path in rel.prune_candidates(updated, dropped):
+        if rel.bounded(path, bounds):
+            yield StringCommand("rm", "-rf", "--one-file-system", shlex.quote(path))
+
+
+@operation()
+def rollback(releases_file: str, running_file: str, unit_dir: str, llama_current: str,
+             force_previous: bool = False):
+    """
+    Serve the last healthy release again: its unit, its build (llama.cpp `current`), a
+    restart. Nothing is downloaded or built: a kept release's directories are on disk.
+
+    Which one: the recorded current release is installed (recorded before its restart); when
+    the service was found healthy with it (running.json), it is the release to go back *from*,
+    so the previous one is served again. When it was not (its start or health check failed,
+    or an attempt failed before installing anything), the current release is restored, and
+    the previous one served if the current never ran healthy either.
+
+    + releases_file: the node's releases.json
+    + running_file: the node's running.json (the release the service now runs)
+    + unit_dir: systemd's unit directory
+    + llama_current: llama.cpp's `current` link (moved back for a llama.cpp release)
+    + force_previous: go back to the previous release even from a healthy current one (an
+      operator's `servefleet rollback`)
+
+    Fails this host when there is no previous release. The health gate is the caller's.
+
+    **Example:**
+
+    .. code:: python
+
+        release.rollback(releases_file="/opt/servefleet/state/releases.json",
+                         running_file="/opt/servefleet/state/running.json",
+                         unit_dir="/etc/systemd/system",
+                         llama_current="/opt/servefleet/llama.cpp/current")
+    """
+    records = host.get_fact(NodeReleases, path=releases_file)
+    running = host.get_fact(RunningRelease, path=running_file)
+    current = records.current
+    if current is not None and running == current.id and not force_previous:
+        back = records  # an attempt that failed before installing: current is still healthy
+    else:
+        back = rel.rollback(records)
+    if back is None:
+        yield fail_host(f"{host.name} has no previous release to roll back to"
+                        + (f" (current: {current.describe})" if current else ""))
+        return
+    target = back.current
+    yield from upload._inner(dest=f"{unit_dir}/{target.unit}", content=target.unit_text,
+                             mode="644")
+    if target.engine == "llama.cpp":
+        q = shlex.quote
+        yield StringCommand(f"ln -sfn {q(target.prefix)} {q(llama_current + '.new')} && "
+                            f"mv -T {q(llama_current + '.new')} {q(llama_current)}")
+    unit = shlex.quote(target.unit)
+    yield StringCommand(f"systemctl daemon-reload && systemctl restart {unit}")
+    yield from upload._inner(dest=releases_file, content=back.dumps(), mode="644")
+    yield from upload._inner(dest=running_file, content=json.dumps({"release": target.id}) + "\n",
+                             mode="644")
+
+
+@operation()
+def mark_running(running_file: str, release):
+    """
+    Record which release the service runs, once it was (re)started and found healthy: a later
+    converge restarts a service whose running release is not the one it installs, even when
+    the run that changed it was interrupted before its restart.
+
+    + running_file: the node's running.json
+    + release: () -> Release (as for ``record``)
+
+    **Example:** servefleet.recipes.vllm.health.
+    """
+    new = release()
+    if host.get_fact(RunningRelease, path=running_file) == new.id:
+        host.noop(f"{new.short} ({new.id}) is the running release")
+        return
+    yield from upload._inner(dest=running_file, content=json.dumps({"release": new.id}) + "\n",
+                             mode="644")

@@ -1,0 +1,107 @@
+"""The start of every recipe and the base of every node (deploys/base.py).
+
+`begin(recipe)` is how every deploy starts: the host's data is validated against the contract
+(the same check the inventory ran before connecting, repeated here for inventories that are not
+servefleet's), and a host of another role gets a visible no-op. `node()` is the base every
+recipe includes: preflight, OS packages, the service account and the tree, the tools venv.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, server
+
+from servefleet.core import contract
+from servefleet.core.data import HostData, Layer, validate
+from servefleet.core.layout import NodeLayout
+from servefleet.core.node import per_family
+from servefleet.core.python_env import source_args
+from servefleet.facts.node import OsRelease
+from servefleet.operations import node, pyenv
+
+# The tools venv's packages (dist-info names): uv makes the serving venvs; hf fetches models;
+# gguf reads GGUF headers for the lint.
+TOOLS = {"uv": "uv_version"}
+MODEL_TOOLS = {"huggingface-hub": "huggingface_hub_version"}
+GGUF_TOOLS = {"gguf": "llamacpp_gguf_version"}
+
+
+def data() -> dict:
+    return host.data.dict()
+
+
+def layout() -> NodeLayout:
+    return NodeLayout.of(host.data)
+
+
+def family() -> str:
+    return host.get_fact(OsRelease)["family"]
+
+
+def family_value(key: str):
+    """A per-distro-family table's entry (os_packages, python_interpreter, ...) for this host."""
+    return per_family(host.data, key, family(), host.name)
+
+
+def python() -> str:
+    return family_value("python_interpreter")
+
+
+def begin(recipe: str) -> bool:
+    """Validate this host's data for `recipe`; False (and a visible no-op) on another role."""
+    validate(HostData(host.name, list(host.groups), [Layer("this host's data", data())]),
+             recipe)
+    role = contract.ROLE_OF.get(recipe)
+    if role is None or role in host.groups:
+        return True
+    node.skip(name=f"{recipe} acts on {role} hosts only: nothing to do on {host.name}",
+              reason=f"{host.name} is not a {role} host")
+    return False
+
+
+@deploy("Node base")
+def node_base():
+    """Preflight, OS packages, the service account and the tree, the tools venv."""
+    preflight()
+    os_packages()
+    account_and_tree()
+    tools(TOOLS)
+
+
+@deploy("Preflight")
+def preflight():
+    node.preflight(name="Check CPU, GPU/driver and free disk", data=data())
+
+
+@deploy("OS packages")
+def os_packages(key: str = "os_packages"):
+    node.os_packages(name=f"Install OS packages ({key})", packages=family_value(key))
+
+
+@deploy("Service account and tree")
+def account_and_tree():
+    """Root owns the tree and everything root runs; the service account owns only the
+    directories the engine writes (its cache and the models)."""
+    lay, user = layout(), host.data.servefleet_user
+    server.group(name=f"Group {user}", group=user, system=True)
+    server.user(name=f"System user {user}", user=user, group=user, system=True,
+                home=lay.cache_dir, shell="/usr/sbin/nologin", create_home=False)
+    for path in lay.tree:
+        files.directory(name=f"Directory {path}", path=path, user="root", group="root",
+                        mode="755")
+    # Models are read by the engine and, on a depot, by the read-only rsync account: 0755.
+    files.directory(name=f"Directory {lay.cache_dir} (the service's)", path=lay.cache_dir,
+                    user=user, group=user, mode="750")
+    files.directory(name=f"Directory {lay.models_dir} (the service's)", path=lay.models_dir,
+                    user=user, group=user, mode="755")
+
+
+@deploy("Tools venv")
+def tools(packages: dict[str, str]):
+    """servefleet's node-side tools in one root-owned venv: {distribution: version data key}."""
+    lay = layout()
+    pins = {name: host.data.get(key) for name, key in packages.items()}
+    pyenv.venv(name=f"Tools venv {lay.tools_venv}", path=lay.tools_venv, python=python())
+    pyenv.packages(name="Tools: " + ", ".join(f"{n} {v}" for n, v in pins.items()),
+                   venv=lay.tools_venv, pins=pins, sources=source_args(host.data))

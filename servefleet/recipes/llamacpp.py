@@ -1,0 +1,157 @@
+"""The llama.cpp Q4 recipe's steps (deploys/serve_q4_llamacpp.py reads them top to bottom).
+
+    build_packages()  build-essential, cmake, git, ccache (per OS family, from data)
+    build()           llama-server at the pinned commit into llama.cpp/<tag>-<hash>/, `current`
+                      switched to it; nothing when that build is installed
+    model()           the GGUF (servefleet.recipes.models.ensure_model)
+    gguf_lint()       gguf in the tools venv, the lint script on the node, the file linted
+    service()         servefleet-llama.service from files/llamacpp/, --override-kv from the lint;
+                      the release it installs recorded (servefleet.core.releases)
+    health()          /health, one chat, settle, only when the service (re)started
+
+Pure logic (build identity, the unit's values): servefleet.core.llamacpp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from servefleet.core import llamacpp as logic
+from servefleet.core.layout import api_url
+from servefleet.core.lint import gguf_lint
+from servefleet.core.secrets import read_secret
+from servefleet.facts.llamacpp import GgufLint
+from servefleet.operations import health as health_ops
+from servefleet.operations import llamacpp as ops
+from servefleet.operations import node
+from servefleet.operations import release as release_ops
+from servefleet.recipes import base, release
+from servefleet.recipes.models import ModelRun, ensure_model
+from servefleet.recipes.service import ServiceRun, systemd_service
+
+UNIT_TEMPLATE = "files/llamacpp/servefleet-llama.service.j2"
+PREFLIGHT_SCRIPT = "files/llamacpp/llama-preflight.sh"
+HEALTH_SCRIPT = "files/health/health.py"
+# The lint runs on the node with the tools venv's gguf: servefleet's own module, uploaded.
+LINT_SOURCE = Path(gguf_lint.__file__)
+
+
+@dataclass
+class Build:
+    name: str
+    prefix: str
+    build: object  # OperationMeta: built in this run
+    switch: object  # OperationMeta: `current` moved in this run
+
+
+@deploy("llama.cpp build packages")
+def build_packages():
+    base.os_packages("llamacpp_build_packages")
+
+
+@deploy("llama.cpp build")
+def build() -> Build:
+    data, lay = base.data(), base.layout()
+    name, flags = logic.build_name(data), data["llamacpp_cmake_flags"]
+    cuda = logic.cuda_on(flags)
+    made = ops.build(
+        name=f"Build llama-server {data['llamacpp_tag']} ({data['llamacpp_commit'][:10]}) -> {name}",
+        build=name, prefix=lay.llama_prefix(name), src_dir=lay.llama_src,
+        build_dir=lay.llama_build_dir, llama_dir=lay.llama_dir,
+        script=lay.bin("servefleet-llama-build"), git_url=data["llamacpp_git_url"],
+        commit=data["llamacpp_commit"], tag=data["llamacpp_tag"], cmake_flags=flags,
+        flags_hash=logic.flags_hash(data["llamacpp_commit"], flags),
+        launcher_args=logic.launcher_args(data), jobs=data.get("llamacpp_build_jobs"),
+        ccache_dir=data.get("llamacpp_ccache_dir"),
+        min_free_disk=data["llamacpp_build_min_free_disk_bytes"],
+        min_nvcc=data["llamacpp_min_nvcc_version"] if cuda else None, cuda=cuda)
+    switch = ops.switch(name=f"llama.cpp current -> {name}", llama_dir=lay.llama_dir,
+                        prefix=lay.llama_prefix(name), current=lay.llama_current)
+    return Build(name=name, prefix=lay.llama_prefix(name), build=made, switch=switch)
+
+
+@deploy("Model")
+def model() -> ModelRun:
+    """The GGUF on the node (hub or depot, as data says)."""
+    data = base.data()
+    return ensure_model(repo_id=data["model_repo"], revision=data["model_revision"],
+                        include=[data["model_file"]])
+
+
+def _lint_args(model_dir: str) -> dict:
+    lay = base.layout()
+    return {"python": lay.tools_python, "script": lay.bin("servefleet-gguf-lint"),
+            "path": logic.model_path(model_dir, base.data()), "user": host.data.servefleet_user}
+
+
+@deploy("GGUF lint")
+def gguf_lint_step(run: ModelRun):
+    """gguf in the tools venv and the lint on the node; the model file linted there."""
+    base.tools(base.GGUF_TOOLS)
+    args = _lint_args(run.path)
+    node.upload(name="GGUF lint script", dest=args["script"], content=LINT_SOURCE.read_bytes(),
+                mode="644")
+    ops.check_gguf(name="GGUF lint of the model file", **args)
+
+
+def override_kv(model_dir: str):
+    """() -> the lint's --override-kv value, read on the node when called (the template calls it
+    while it renders: before execution for change detection, and at execution after the
+    download)."""
+    def read() -> str | None:
+        lint = host.get_fact(GgufLint, **_lint_args(model_dir))
+        return lint.flag if lint.state == "ok" else None
+    return read
+
+
+def api_key() -> object:
+    """etc/api-key (root 0600): systemd hands it to the service (LoadCredential)."""
+    data, lay = base.data(), base.layout()
+    if data.get("api_key_file"):
+        return node.upload(name=f"API key -> {lay.api_key_file} (0600)", dest=lay.api_key_file,
+                           content=read_secret(data["api_key_file"]) + "\n", mode="600",
+                           secret=True)
+    return node.absent(name="No API key file", path=lay.api_key_file)
+
+
+@deploy("llama.cpp service")
+def service(built: Build, run: ModelRun) -> ServiceRun:
+    lay = base.layout()
+    node.upload(name="Start preflight script (free VRAM/RAM)",
+                dest=lay.bin("servefleet-llama-preflight"),
+                content=open(PREFLIGHT_SCRIPT, "rb").read(), mode="755")
+    key = api_key()
+    data = base.data()
+    context = logic.unit_context(data, run.path, override_kv(run.path))
+    release_of = release.build(engine=logic.ENGINE, version=data["llamacpp_tag"],
+                               prefix=built.prefix, unit=logic.UNIT, template=UNIT_TEMPLATE,
+                               context=context, model_dir=run.path, gate=gate_args(),
+                               commit=data["llamacpp_commit"])
+    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of,
+                           depends_on=[built.build, built.switch, run, key])
+
+
+def gate_args() -> dict:
+    """The health check's arguments for this host (also a rollout's gate)."""
+    data, lay = base.data(), base.layout()
+    return {"script": lay.bin("servefleet-health"), "python": base.python(),
+            "url": api_url(data), "model": data["served_model_name"], "unit": logic.UNIT,
+            "key_file": lay.api_key_file if data.get("api_key_file") else None,
+            "timeout_s": data["health_timeout_s"], "settle_s": data["health_settle_s"],
+            "expect_stopped": data["service_state"] != "running"}
+
+
+@deploy("llama.cpp health")
+def health(svc: ServiceRun):
+    """Only when the service was (re)started in this run: /health, one chat, settle."""
+    node.upload(name="Health check script", dest=base.layout().bin("servefleet-health"),
+                content=open(HEALTH_SCRIPT, "rb").read(), mode="755")
+    health_ops.check(name="llama.cpp /health, one chat completion, settle", **gate_args(),
+                     _if=svc.started)
+    release_ops.mark_running(name="The running release",
+                             running_file=base.layout().running_file, release=svc.release_of,
+                             _if=svc.started)

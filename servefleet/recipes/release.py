@@ -1,0 +1,50 @@
+"""The last step of both serving recipes: record the node's release (servefleet.core.releases)."""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from servefleet.core.data import serving_digest
+from servefleet.core.layout import UNIT_DIR, NodeLayout
+from servefleet.core.releases import Release
+from servefleet.facts.models import VerifiedModel
+from servefleet.operations import release as release_ops
+from servefleet.recipes import base
+from servefleet.core.systemd import render_unit
+
+
+def build(engine: str, version: str, prefix: str, unit: str, template: str, context: dict,
+          model_dir: str, gate: dict, commit: str | None = None):
+    """() -> Release, read when the record operation runs (the model's sha from its record).
+    gate: the release's health check (a rollout gates it, after a rollback too)."""
+    data = base.data()
+
+    def release() -> Release:
+        record = host.get_fact(VerifiedModel, path=model_dir) or {}
+        return Release(engine=engine, version=version, prefix=prefix, unit=unit,
+                       unit_text=render_unit(template, context), model_repo=data["model_repo"],
+                       model_revision=data["model_revision"], model_sha=record.get("sha"),
+                       model_dir=model_dir, data_digest=serving_digest(data), commit=commit,
+                       gate=gate)
+
+    return release
+
+
+@deploy("Release")
+def record(release_of) -> object:
+    """The node's current release, recorded; directories of releases beyond releases_keep go."""
+    lay: NodeLayout = base.layout()
+    return release_ops.record(
+        name="Record the release", releases_file=lay.releases_file, release=release_of,
+        keep=host.data.releases_keep, bounds=[lay.venvs_dir, lay.llama_dir, lay.models_dir])
+
+
+@deploy("Rollback")
+def rollback(force_previous: bool):
+    """Serve the previous release again: its unit, build and model are on the node (kept by
+    releases_keep); nothing is downloaded or built. The caller checks health afterwards."""
+    lay: NodeLayout = base.layout()
+    release_ops.rollback(name="Serve the previous release", releases_file=lay.releases_file,
+                         running_file=lay.running_file, unit_dir=UNIT_DIR,
+                         llama_current=lay.llama_current, force_previous=force_previous)

@@ -1,0 +1,161 @@
+"""The BF16 vLLM recipe's steps (deploys/serve_bf16.py reads them top to bottom).
+
+    python_env()        uv venv per vLLM version, torch + vLLM pinned, versions read back
+    patch()             qwen3_5.py: no vision tower with --language-model-only
+    model()             the checkpoint (servefleet.recipes.models.ensure_model), linted on the node
+    page_cache()        evict the model files from the page cache when vLLM auto-sizes its pool
+    memory_preflight()  plan-kv + weights/pool/overhead budget against usable memory
+    service()           servefleet-vllm.service from files/vllm/, the release it installs recorded
+                        (servefleet.core.releases), restarted when what it runs changed
+    health()            /health, the engine's KV log lines against plan-kv, one chat, settle
+
+Pure logic (the serve command, the unit's values, the verdicts): servefleet.core.vllm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from servefleet.core import vllm as logic
+from servefleet.core.layout import api_url
+from servefleet.core.python_env import source_args
+from servefleet.core.secrets import read_secret
+from servefleet.operations import health as health_ops
+from servefleet.operations import node, pyenv, vllm_checks, vllm_patch
+from servefleet.operations import release as release_ops
+from servefleet.recipes import base, release
+from servefleet.recipes.models import ModelRun, ensure_model
+from servefleet.recipes.service import AnyChanged, ServiceRun, systemd_service
+
+UNIT_TEMPLATE = "files/vllm/servefleet-vllm.service.j2"
+EVICT_SCRIPT = "files/pagecache/evict.py"
+HEALTH_SCRIPT = "files/health/health.py"
+
+
+@dataclass
+class PythonEnv:
+    venv: str
+    create: object  # OperationMeta of the venv
+    install: object  # OperationMeta of the pinned install (+ read-back check)
+
+
+@deploy("vLLM Python environment")
+def python_env() -> PythonEnv:
+    data, lay = base.data(), base.layout()
+    venv = logic.venv_path(data)
+    uv = lay.tools_bin("uv")
+    create = pyenv.venv(name=f"venv {venv} (uv)", path=venv, uv=uv, python=base.python(),
+                        env=logic.uv_env(data))
+    install = pyenv.packages(
+        name=f"torch=={data['torch_version']} vllm=={data['vllm_version']}, read back",
+        venv=venv, uv=uv, pins=logic.pins(data), torch_cuda=data["torch_cuda"],
+        sources=source_args(data), no_deps=data["python_no_deps"], env=logic.uv_env(data))
+    return PythonEnv(venv=venv, create=create, install=install)
+
+
+@deploy("vLLM patch")
+def patch(env: PythonEnv):
+    """The language-model-only patch (servefleet.operations.vllm_patch), or vLLM's own file."""
+    if host.data.vllm_patch:
+        return vllm_patch.apply(name="qwen3_5.py: no vision tower with --language-model-only",
+                                venv=env.venv, workdir=base.layout().bin_dir)
+    return vllm_patch.revert(name="qwen3_5.py: vLLM's own file (vllm_patch = False)",
+                             venv=env.venv)
+
+
+@deploy("Model")
+def model() -> ModelRun:
+    """The checkpoint on the node, then its lint against the recipe (fails this host only)."""
+    data = base.data()
+    run = ensure_model(repo_id=data["model_repo"], revision=data["model_revision"],
+                       include=list(data["model_include"]))
+    vllm_checks.checkpoint_lint(name="Lint the checkpoint against the recipe", path=run.path,
+                                language_model_only=data["language_model_only"])
+    return run
+
+
+@deploy("Page cache")
+def page_cache(run: ModelRun, depends_on: list):
+    """Evict the model's files from the page cache when policy says so and something changed."""
+    data, lay = base.data(), base.layout()
+    script = lay.bin("servefleet-evict-page-cache")
+    node.upload(name="Page-cache eviction script", dest=script,
+                content=open(EVICT_SCRIPT, "rb").read(), mode="755")
+    applies = logic.page_cache_applies(data)
+    deps = [run, *depends_on]
+    return vllm_checks.evict_page_cache(
+        name=f"Evict {run.path} from the page cache (policy {data['page_cache_policy']})",
+        path=run.path, script=script, python=base.python(), record=lay.page_cache_record,
+        drop_caches=data["page_cache_drop_global"],
+        _if=lambda: applies and any(d.did_change() for d in deps),
+    )
+
+
+@deploy("Memory preflight")
+def memory_preflight(run: ModelRun):
+    vllm_checks.memory_preflight(name="plan-kv and memory budget", path=run.path, data=base.data())
+
+
+def api_key() -> object:
+    """The API key on the node: etc/api-key (plain, both engines) and etc/vllm.env derived from
+    it, root 0600; without api_key_file, neither exists."""
+    data, lay = base.data(), base.layout()
+    if data.get("api_key_file"):
+        key = read_secret(data["api_key_file"])
+        plain = node.upload(name=f"API key -> {lay.api_key_file} (0600)", dest=lay.api_key_file,
+                            content=key + "\n", mode="600", secret=True)
+        env = node.upload(name=f"API key -> {lay.vllm_env_file} (0600)", dest=lay.vllm_env_file,
+                          content=f"VLLM_API_KEY={key}\n", mode="600", secret=True)
+        return AnyChanged([plain, env])
+    return AnyChanged([node.absent(name=f"No API key file {p}", path=p)
+                            for p in (lay.api_key_file, lay.vllm_env_file)])
+
+
+@deploy("vLLM service")
+def service(env: PythonEnv, run: ModelRun, depends_on: list) -> ServiceRun:
+    data = base.data()
+    executable_check(data)
+    key = api_key()
+    context = logic.unit_context(data, run.path)
+    release_of = release.build(engine=logic.ENGINE, version=data["vllm_version"], prefix=env.venv,
+                               unit=logic.UNIT, template=UNIT_TEMPLATE, context=context,
+                               model_dir=run.path, gate=gate_args(run.path))
+    # Positional: `name=` would be taken by pyinfra as the deploy's display name.
+    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of,
+                           depends_on=[env.create, env.install, *depends_on, run, key])
+
+
+def executable_check(data) -> None:
+    """vllm_executable (testbed only) must be root's: root starts what it names."""
+    if data.get("vllm_executable"):
+        node.root_owned(name=f"{data['vllm_executable']} is root's", path=data["vllm_executable"])
+
+
+@deploy("vLLM health")
+def health(run: ModelRun, svc: ServiceRun):
+    """Only when the service was (re)started in this run: /health, KV lines, a chat, settle."""
+    data, lay = base.data(), base.layout()
+    node.upload(name="Health check script", dest=lay.bin("servefleet-health"),
+                content=open(HEALTH_SCRIPT, "rb").read(), mode="755")
+    health_ops.check(
+        name="vLLM /health, KV cache log vs plan-kv, one chat completion, settle",
+        **gate_args(run.path), _if=svc.started)
+    release_ops.mark_running(name="The running release", running_file=lay.running_file,
+                             release=svc.release_of, _if=svc.started)
+
+
+def gate_args(model_path: str) -> dict:
+    """The health check's arguments for this host (also a rollout's gate)."""
+    data, lay = base.data(), base.layout()
+    return {"script": lay.bin("servefleet-health"), "python": base.python(),
+            "url": api_url(data), "model": data["served_model_name"], "unit": logic.UNIT,
+            "key_file": lay.api_key_file if data.get("api_key_file") else None,
+            "timeout_s": data["health_timeout_s"], "settle_s": data["health_settle_s"],
+            "expect_stopped": data["service_state"] != "running",
+            "kv_config": f"{model_path}/config.json",
+            "kv_data": {k: data[k] for k in ("max_model_len", "kv_cache_memory_bytes",
+                                             "kv_block_alignment")},
+            "engine_version": data["vllm_version"]}

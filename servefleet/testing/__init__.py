@@ -1,5 +1,0 @@
-"""Builders of test material (tiny models, real third-party artifacts) shared by tests and benchmarks."""
-
-from servefleet.testing.llama_build import llama_host_build
-
-__all__ = ["llama_host_build"]

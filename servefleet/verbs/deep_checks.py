@@ -1,0 +1,151 @@
+"""The recipes' deep checks: what the drift check's operations alone do not show, read with facts.
+
+Each check runs per host after the deploy is loaded and applies only when that deploy installs
+the recipe's unit on the host (its `Unit <name>` operation is in the plan), so a recipe's checks
+never run for another recipe, for deploys/base.py, or on a host of another role.
+
+    BF16 vLLM (deploys/serve_bf16.py)      torch / vLLM versions and torch CUDA vs the pins,
+                                           qwen3_5.py and its .orig vs the recorded hashes,
+                                           unit file vs the rendered template (a diff),
+                                           model verified at the pinned revision, service, release
+    llama.cpp (deploys/serve_q4_llamacpp)  current build, its commit and CMake flags vs data,
+                                           unit diff, model, service, release
+"""
+
+from __future__ import annotations
+
+from pyinfra.facts.files import FileContents, Sha1File, Sha256File
+
+from servefleet.core import drift_items as di
+from servefleet.core import llamacpp as llama_logic
+from servefleet.core import vllm as vllm_logic
+from servefleet.core.layout import NodeLayout
+from servefleet.core.models import SHA_RE, HubError, hub_commit, invalid_record_reason, operator_token
+from servefleet.facts.llamacpp import LlamaBuilds
+from servefleet.facts.models import ModelRecordFiles, VerifiedModel
+from servefleet.facts.releases import NodeReleases, RunningRelease
+from servefleet.facts.systemd import UnitState
+from servefleet.facts.vllm import DistVersions, TorchCuda, VllmModelFile
+from servefleet.operations import vllm_patch
+from servefleet.recipes import llamacpp as llama_recipe
+from servefleet.recipes import vllm as vllm_recipe
+from servefleet.recipes.models import model_dir
+from servefleet.core.systemd import render_unit
+
+
+def known_hashes() -> dict[str, str]:
+    """sha256 -> what it is, for every recorded vLLM patch (pristine and patched qwen3_5.py)."""
+    known = {}
+    for version in vllm_patch.recorded_versions():
+        rec = vllm_patch.recorded_patch(version)
+        known[rec.pristine_sha256] = f"vLLM {version}'s own file"
+        known[rec.patched_sha256] = f"patched for vLLM {version}"
+    return known
+
+
+def patch_items(pinned: str, patch_wanted: bool, path: str | None, sha: str | None,
+                orig_sha: str | None, known: dict[str, str]) -> list[di.Item]:
+    """qwen3_5.py and its .orig against the hashes recorded for the pinned vLLM version."""
+    rec = vllm_patch.recorded_patch(pinned)
+    name, item, describe = vllm_patch.MODEL_FILE, di.item, di.describe_sha
+    if rec is None:
+        return [item(f"{name} (vLLM patch)", False,
+                     f"a patch recorded for vLLM {pinned} in files/patches/vllm/",
+                     f"none recorded (recorded: {', '.join(vllm_patch.recorded_versions())})")]
+    if path is None:
+        want = rec.patched_sha256 if patch_wanted else rec.pristine_sha256
+        return [item(f"{name} (vLLM patch)", False, describe(want, known),
+                     f"no {name} in the venv (vLLM missing?)")]
+    if patch_wanted:
+        return [
+            item(f"{name} (vLLM patch)", sha == rec.patched_sha256,
+                 describe(rec.patched_sha256, known), describe(sha, known)),
+            item(f"{name}.orig (pristine backup)", orig_sha == rec.pristine_sha256,
+                 describe(rec.pristine_sha256, known), describe(orig_sha, known)),
+        ]
+    return [
+        item(f"{name} (vLLM's own, vllm_patch = False)", sha == rec.pristine_sha256,
+             describe(rec.pristine_sha256, known), describe(sha, known)),
+        item(f"{name}.orig (none when unpatched)", orig_sha is None, "absent",
+             describe(orig_sha, known)),
+    ]
+
+
+def recipe_loaded(host, unit: str) -> bool:
+    """Did the deploy just loaded plan the recipe's unit (`Unit <unit>`) on this host?"""
+    state = host.state
+    target = f"Unit {unit}"
+    return any(name.rsplit(" | ", 1)[-1] == target
+               for op_hash in state.ops.get(host, {})
+               for name in state.op_meta[op_hash].names)
+
+
+def unit_item(host, unit: str, template: str, context: dict) -> di.Item:
+    path = NodeLayout.unit_path(unit)
+    rendered = render_unit(template, context)
+    label = f"{template} rendered for {host.name}"
+    if host.get_fact(Sha1File, path=path) == di.sha1_text(rendered):
+        return di.item(f"unit {path}", True, label, "same content")
+    return di.item(f"unit {path}", False, label,
+                   di.unit_diff(rendered, host.get_fact(FileContents, path=path), path))
+
+
+def model_item(host, data, include: list[str], dest: str) -> di.Item:
+    repo, revision = data["model_repo"], data["model_revision"]
+    record = host.get_fact(VerifiedModel, path=dest)
+    why = "" if record else invalid_record_reason(*host.get_fact(ModelRecordFiles, path=dest))
+    resolved = None
+    if not SHA_RE.fullmatch(revision) and data.get("model_source", "hub") == "hub":
+        try:  # the same call as the fetch operation's: answered from its cache, no request
+            resolved = hub_commit(data["hf_endpoint"], repo, revision,
+                                  operator_token(data, host.name), data["hub_timeout_seconds"]).sha
+        except HubError:
+            resolved = None  # the fetch operation reports it
+    return di.model_item(repo, revision, include, dest, record, resolved, why)
+
+
+def service_and_release(host, data, unit: str) -> list[di.Item]:
+    st = host.get_fact(UnitState, unit=unit)
+    items = di.service_items(unit, data["service_state"], data["service_enabled"], st["active"],
+                             st["enabled"])
+    lay = NodeLayout.of(data)
+    records = host.get_fact(NodeReleases, path=lay.releases_file)
+    running = host.get_fact(RunningRelease, path=lay.running_file)
+    return items + di.release_items(records, running, data["service_state"] == "running")
+
+
+def vllm_items(host) -> list[di.Item]:
+    """deploys/serve_bf16.py: versions, patch hashes, unit diff, model, service, release."""
+    if not recipe_loaded(host, vllm_logic.UNIT):
+        return []
+    data = host.data.dict()
+    venv, pins = vllm_logic.venv_path(data), vllm_logic.pins(data)
+    found = host.get_fact(DistVersions, venv=venv, names=tuple(pins))
+    cuda = host.get_fact(TorchCuda, venv=venv) if "torch" in found else None
+    items = di.version_items(venv, found, pins, cuda, data["torch_cuda"])
+    path = host.get_fact(VllmModelFile, venv=venv, filename=vllm_patch.MODEL_FILE)
+    sha = host.get_fact(Sha256File, path=path) if path else None
+    orig = host.get_fact(Sha256File, path=f"{path}.orig") if path else None
+    items += patch_items(data["vllm_version"], data["vllm_patch"], path, sha, orig, known_hashes())
+    model = model_dir(data["model_repo"], data["model_revision"])
+    items.append(unit_item(host, vllm_logic.UNIT, vllm_recipe.UNIT_TEMPLATE,
+                           vllm_logic.unit_context(data, model)))
+    items.append(model_item(host, data, list(data["model_include"]), model))
+    return items + service_and_release(host, data, vllm_logic.UNIT)
+
+
+def llamacpp_items(host) -> list[di.Item]:
+    """deploys/serve_q4_llamacpp.py: build (commit, flags), unit diff, model, service, release."""
+    if not recipe_loaded(host, llama_logic.UNIT):
+        return []
+    data = host.data.dict()
+    lay = NodeLayout.of(data)
+    items = di.build_items(data, host.get_fact(LlamaBuilds, llama_dir=lay.llama_dir))
+    model = model_dir(data["model_repo"], data["model_revision"])
+    context = llama_logic.unit_context(data, model, llama_recipe.override_kv(model))
+    items.append(unit_item(host, llama_logic.UNIT, llama_recipe.UNIT_TEMPLATE, context))
+    items.append(model_item(host, data, [data["model_file"]], model))
+    return items + service_and_release(host, data, llama_logic.UNIT)
+
+
+DEEP_CHECKS = (vllm_items, llamacpp_items)

@@ -1,0 +1,52 @@
+"""Rebuild nodes from scratch: teardown (deploys/teardown.py), then converge the deploy, both
+through the API. Acts only on explicitly selected, reachable hosts (at most max_hosts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from servefleet.core.errors import Exit
+from servefleet.verbs import session as api
+
+TEARDOWN = "deploys/teardown.py"
+
+
+@dataclass
+class RebuildResult:
+    hosts: list[str]
+    exit_code: int
+    message: str = ""
+    teardown: dict = field(default_factory=dict)  # name -> HostOutcome
+    converge: dict = field(default_factory=dict)
+
+
+def plan(inventory: str, limit: list[str], max_hosts: int) -> RebuildResult:
+    """Which hosts a rebuild would act on, or why it refuses (nothing changed)."""
+    with api.session(inventory, limit, check_for_changes=False) as sess:
+        names = sorted(h.name for h in sess.targets)
+        unreachable = dict(sess.unreachable)
+    if not names:
+        return RebuildResult([], Exit.BAD_INPUT, f"--limit {' '.join(limit)} selects no host of "
+                                                 f"{inventory}")
+    if len(names) > max_hosts:
+        return RebuildResult(names, Exit.BAD_INPUT,
+                             f"--limit selects {len(names)} hosts ({', '.join(names)}), more than "
+                             f"--max-hosts {max_hosts}; name the hosts or raise --max-hosts")
+    if unreachable:
+        return RebuildResult(names, Exit.UNREACHABLE, "cannot reach " + ", ".join(
+            f"{n} ({why})" for n, why in unreachable.items()) + "; nothing was changed")
+    return RebuildResult(names, Exit.OK)
+
+
+def rebuild(inventory: str, deploy: str, names: list[str], purge_models: bool) -> RebuildResult:
+    result = RebuildResult(names, Exit.OK)
+    result.teardown = api.converge(inventory, TEARDOWN, names, {"purge_models": purge_models})
+    if not all(o.ok for o in result.teardown.values()):
+        result.exit_code, result.message = Exit.DIFFERS, "teardown failed; not converging"
+        return result
+    result.converge = api.converge(inventory, deploy, names)
+    if not all(o.ok for o in result.converge.values()):
+        result.exit_code = Exit.DIFFERS
+        result.message = "converge failed on " + ", ".join(
+            f"{n} ({o.error})" for n, o in result.converge.items() if not o.ok)
+    return result

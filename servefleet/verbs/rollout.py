@@ -1,0 +1,303 @@
+"""Rolling upgrades with health gates and automatic rollback (`servefleet rollout`), and going
+back on purpose (`servefleet rollback`).
+
+1. Preflight: the data is validated for every host, and every host of the deploy's role is
+   reachable and healthy (a host that an interrupted rollout left mid-way may be unhealthy:
+   it is finished now), or nothing is changed.
+2. Batch by batch: mark the hosts (state/rollout.json), converge the batch through the API,
+   then gate every host of the batch whether or not the converge restarted anything: the
+   recipe's health check, the chat smoke, for vLLM the KV comparison, and `health_settle_s` of
+   staying healthy. A failed converge or gate rolls the host back to its previous release
+   (deploys/rollback.py) and gates it again; with no previous release it needs attention.
+3. More failed hosts than --max-failures stops the rollout; the rest are left untouched.
+
+The state lives on the nodes (release records, the marker), so a rerun from any operator
+machine finishes an interrupted rollout or rolls back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from servefleet.core import contract
+from servefleet.core.data import recipe_of
+from servefleet.core.errors import DataError, Exit
+from servefleet.core.layout import NodeLayout
+from servefleet.core.releases import RolloutMarker
+from servefleet.facts.releases import NodeReleases, RolloutMarkerFact
+from servefleet.operations import health
+from servefleet.operations.node import put, run
+from servefleet.verbs import session as api
+
+ROLLBACK = "deploys/rollback.py"
+UPGRADED, ROLLED_BACK, UNTOUCHED, ATTENTION = ("upgraded", "rolled back", "untouched",
+                                               "needs attention")
+
+
+@dataclass
+class HostRollout:
+    name: str
+    from_release: str | None = None
+    to_release: str | None = None
+    result: str = UNTOUCHED
+    converge_s: float | None = None
+    gate_s: float | None = None
+    rollback_s: float | None = None
+    detail: str = ""
+
+
+@dataclass
+class RolloutReport:
+    rollout_id: str
+    hosts: dict[str, HostRollout] = field(default_factory=dict)
+    message: str = ""
+    refused: int | None = None  # the exit code when the rollout refused to start
+
+    @property
+    def exit_code(self) -> int:
+        if self.refused is not None:
+            return self.refused
+        results = {h.result for h in self.hosts.values()}
+        if ATTENTION in results:
+            return Exit.NEEDS_ATTENTION
+        return Exit.OK if results <= {UPGRADED} and self.hosts else Exit.DIFFERS
+
+    def to_dict(self) -> dict:
+        return {"rollout_id": self.rollout_id, "message": self.message,
+                "hosts": {n: asdict(h) for n, h in self.hosts.items()},
+                "exit_code": int(self.exit_code)}
+
+
+def batches(names: list[str], batch: str) -> list[list[str]]:
+    """--batch N or P% (of the hosts, rounded up, at least one) -> the batches in order."""
+    text = str(batch).strip()
+    try:
+        size = (math.ceil(len(names) * float(text[:-1]) / 100) if text.endswith("%")
+                else int(text))
+    except ValueError:
+        raise DataError(f"--batch {batch!r}: expected a number of hosts (2) or a percentage "
+                        f"(25%)") from None
+    if size < 1 and not text.endswith("%"):
+        raise DataError(f"--batch {batch!r}: expected at least 1 host")
+    size = max(size, 1)
+    return [names[i:i + size] for i in range(0, len(names), size)]
+
+
+def gate(host, **overrides) -> tuple[bool, str, float]:
+    """Run the health check of the release the node records as current, now: (passed, what it
+    said, seconds). Each release carries its own check, so a rolled-back host is gated as the
+    release it serves, whatever the data says now."""
+    records = host.get_fact(NodeReleases, path=NodeLayout.of(host.data).releases_file)
+    if records.current is None or not records.current.gate:
+        return False, "no release recorded on this host: converge it first", 0.0
+    started = time.monotonic()
+    argv = health.argv(**{**records.current.gate, **overrides})
+    ok, out, err = run(host, " ".join(shlex.quote(a) for a in argv))
+    seconds = time.monotonic() - started
+    report = {}
+    for line in reversed(out.strip().splitlines()):
+        try:
+            report = json.loads(line)
+            break
+        except ValueError:
+            continue
+    if ok:
+        kv = report.get("kv", "")
+        return True, kv if kv.startswith("KV not compared") else "", seconds
+    problems = report.get("problems") or [line for line in err.splitlines()
+                                          if line.startswith("servefleet")][-1:]
+    return False, "; ".join(problems) or "the health check failed", seconds
+
+
+def _release_of(host) -> str | None:
+    records = host.get_fact(NodeReleases, path=NodeLayout.of(host.data).releases_file)
+    return f"{records.current.short} ({records.current.id})" if records.current else None
+
+
+def _write_marker(host, marker: RolloutMarker | None) -> None:
+    path = NodeLayout.of(host.data).rollout_marker
+    if marker is None:
+        run(host, f"rm -f {shlex.quote(path)}")
+    else:
+        put(host.state, host, path, marker.dumps().encode())
+
+
+class Rollout:
+    def __init__(self, inventory: str, deploy: str, batch: str, max_failures: int,
+                 limit: list[str] | None, data: dict | None, say: Callable[[str], None]):
+        self.inventory, self.deploy, self.batch = inventory, deploy, batch
+        self.max_failures, self.limit, self.data, self.say = max_failures, limit, data, say
+        self.recipe = recipe_of(deploy)
+        if self.recipe not in contract.SERVING:
+            raise DataError(f"rollout: {deploy} is not a serving recipe "
+                            f"(deploys/serve_bf16.py or deploys/serve_q4_llamacpp.py)")
+        self.role = contract.ROLE_OF[self.recipe]
+        self.report = RolloutReport(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}")
+
+    def session(self, names: list[str] | None = None):
+        return api.session(self.inventory, names if names is not None else self.limit,
+                           self.data, deploy=self.deploy)
+
+    def preflight(self) -> list[str] | None:
+        """The hosts to roll out to, in inventory order; None (and the reason) to refuse."""
+        with self.session() as sess:
+            targets = [h for h in sess.targets if self.role in h.groups]
+            names = [h.name for h in targets]
+            if not names:
+                self.report.refused, self.report.message = Exit.BAD_INPUT, (
+                    f"no {self.role} host selected in {self.inventory}")
+                return None
+            gone = {n: why for n, why in sess.unreachable.items() if n in names}
+            if gone:
+                self.report.refused, self.report.message = Exit.UNREACHABLE, (
+                    "cannot reach " + ", ".join(f"{n} ({w})" for n, w in gone.items())
+                    + "; nothing was changed")
+                return None
+
+            def look(host):
+                marker = host.get_fact(RolloutMarkerFact,
+                                       path=NodeLayout.of(host.data).rollout_marker)
+                if marker is not None:  # an interrupted rollout: finished or rolled back now
+                    return True, f"resuming rollout {marker.rollout_id} ({marker.phase})"
+                ok, said, _ = gate(host, settle_s=0, timeout_s=30)
+                return ok, said
+
+            sick = {}
+            for name, result in sess.each(look, targets).items():
+                if isinstance(result, Exception):
+                    sick[name] = f"{type(result).__name__}: {result}"
+                elif not result[0]:
+                    sick[name] = result[1]
+                elif result[1]:
+                    self.say(f"{name}: {result[1]}")
+            if sick:
+                self.report.refused, self.report.message = Exit.DIFFERS, (
+                    "not healthy before the rollout: " + "; ".join(
+                        f"{n}: {w}" for n, w in sick.items()) + "; nothing was changed")
+                return None
+            for host in targets:
+                self.report.hosts[host.name] = HostRollout(host.name)
+            for name, rel in sess.each(_release_of, targets).items():
+                self.report.hosts[name].from_release = None if isinstance(rel, Exception) else rel
+        return names
+
+    def _mark(self, names: list[str], phase: str | None) -> None:
+        with self.session(names) as sess:
+            def mark(host):
+                rec = self.report.hosts[host.name]
+                _write_marker(host, None if phase is None else RolloutMarker(
+                    self.report.rollout_id, "", phase, rec.from_release,
+                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
+            sess.each(mark)
+
+    def _gate(self, names: list[str]) -> dict[str, tuple[bool, str, float]]:
+        with self.session(names) as sess:
+            results = sess.each(gate)
+            releases = sess.each(_release_of)
+        for name, rel in releases.items():
+            if not isinstance(rel, Exception):
+                self.report.hosts[name].to_release = rel
+        return {n: (r if not isinstance(r, Exception) else (False, str(r), 0.0))
+                for n, r in results.items()}
+
+    def _rollback(self, names: list[str]) -> None:
+        self.say(f"rolling back {', '.join(names)} to the previous release")
+        self._mark(names, "rolling-back")
+        started = time.monotonic()
+        outcomes = api.converge(self.inventory, ROLLBACK, names, self.data)
+        took = time.monotonic() - started
+        back_ok = [n for n in names if outcomes.get(n) and outcomes[n].ok]
+        gates = self._gate(back_ok) if back_ok else {}
+        for name in names:
+            rec = self.report.hosts[name]
+            rec.rollback_s = round(took + gates.get(name, (0, "", 0.0))[2], 1)
+            if name in gates and gates[name][0]:
+                rec.result = ROLLED_BACK
+            else:
+                rec.result = ATTENTION
+                why = outcomes[name].error if name in outcomes and not outcomes[name].ok \
+                    else gates.get(name, (False, "no gate", 0))[1]
+                rec.detail = f"{rec.detail}; rollback: {why}".strip("; ")
+        self._mark([n for n in names if self.report.hosts[n].result == ROLLED_BACK], None)
+
+    def run(self) -> RolloutReport:
+        names = self.preflight()
+        if names is None:
+            return self.report
+        groups = batches(names, self.batch)
+        failures = 0
+        for number, group in enumerate(groups, 1):
+            self.say(f"batch {number}/{len(groups)}: {', '.join(group)}: converging {self.deploy}")
+            self._mark(group, "converging")
+            started = time.monotonic()
+            outcomes = api.converge(self.inventory, self.deploy, group, self.data)
+            took = round(time.monotonic() - started, 1)
+            failed = []
+            for name in group:
+                rec, outcome = self.report.hosts[name], outcomes.get(name)
+                rec.converge_s = took
+                if outcome is None or not outcome.ok:
+                    rec.detail = f"converge: {outcome.error if outcome else 'not run'}"
+                    failed.append(name)
+            passing = [n for n in group if n not in failed]
+            if passing:
+                self.say(f"batch {number}/{len(groups)}: gating {', '.join(passing)}")
+                self._mark(passing, "gating")
+                for name, (ok, said, seconds) in self._gate(passing).items():
+                    rec = self.report.hosts[name]
+                    rec.gate_s, rec.detail = round(seconds, 1), said
+                    if ok:
+                        rec.result = UPGRADED
+                        self.say(f"{name}: upgraded to {rec.to_release} "
+                                 f"(gate {rec.gate_s} s){'; ' + said if said else ''}")
+                    else:
+                        rec.detail = f"gate: {said}"
+                        failed.append(name)
+                self._mark([n for n in passing if n not in failed], None)
+            for name in failed:
+                self.say(f"{name}: failed: {self.report.hosts[name].detail}")
+            if failed:
+                self._rollback(failed)
+                failures += len(failed)
+            if failures > self.max_failures:
+                rest = [n for g in groups[number:] for n in g]
+                self.report.message = (f"stopped after {failures} failed host(s) (--max-failures "
+                                       f"{self.max_failures})" + (f"; untouched: {', '.join(rest)}"
+                                                                  if rest else ""))
+                break
+        return self.report
+
+
+def rollback(inventory: str, limit: list[str], data: dict | None,
+             say: Callable[[str], None]) -> RolloutReport:
+    """`servefleet rollback`: the previous release on the selected hosts, then their gate."""
+    report = RolloutReport(f"rollback-{time.strftime('%Y%m%dT%H%M%S')}")
+    outcomes = api.converge(inventory, ROLLBACK, limit, {**(data or {}), "previous_release": True})
+    if not outcomes:
+        report.refused, report.message = Exit.BAD_INPUT, f"--limit selects no host of {inventory}"
+        return report
+    for name, outcome in outcomes.items():
+        report.hosts[name] = HostRollout(name, result=ROLLED_BACK if outcome.ok else ATTENTION,
+                                         detail="" if outcome.ok else str(outcome.error))
+    back = [n for n, o in outcomes.items() if o.ok]
+    if back:
+        with api.session(inventory, back, data, deploy=ROLLBACK) as sess:
+            def check(host):
+                return gate(host), _release_of(host)
+            for name, result in sess.each(check).items():
+                rec = report.hosts[name]
+                if isinstance(result, Exception):
+                    rec.result, rec.detail = ATTENTION, str(result)
+                    continue
+                (ok, said, seconds), rel = result
+                rec.gate_s, rec.to_release = round(seconds, 1), rel
+                if not ok:
+                    rec.result, rec.detail = ATTENTION, f"gate: {said}"
+                say(f"{name}: {rec.result}: {rel}")
+    return report

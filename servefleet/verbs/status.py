@@ -1,0 +1,109 @@
+"""Per-node status (`servefleet status`): what runs where, read with the recipes' own facts."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass
+
+from servefleet.core.inventory import ROLES
+from servefleet.core import llamacpp as llama_logic
+from servefleet.core import vllm as vllm_logic
+from servefleet.core.layout import NodeLayout, api_url
+from servefleet.facts.llamacpp import LlamaBuilds
+from servefleet.facts.models import VerifiedModel
+from servefleet.facts.node import GpuMemoryUsed, MemoryBytes
+from servefleet.facts.releases import NodeReleases
+from servefleet.facts.systemd import UnitState
+from servefleet.facts.vllm import DistVersions
+from servefleet.operations.node import run
+from servefleet.verbs import session as api
+
+
+@dataclass
+class NodeStatus:
+    host: str
+    role: str | None = None
+    engine: str | None = None  # short: "vllm 0.24.0", "llama.cpp b9785"
+    engine_detail: str | None = None  # "vLLM 0.24.0 (torch 2.11.0)", "llama.cpp b9785 (4f2e..)"
+    model: str | None = None  # repo id
+    revision: str | None = None  # requested revision -> resolved sha
+    service: str | None = None  # active | inactive | failed | ...
+    enabled: bool | None = None
+    health: str | None = None  # HTTP status of /health on the node, or "down"
+    port: int | None = None
+    memory_used_gib: float | None = None
+    memory_total_gib: float | None = None
+    vram_used_gib: float | None = None
+    release: str | None = None  # current release, short
+    previous_release: str | None = None
+    rolled_back_from: str | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _role(host) -> str | None:
+    return next((r for r in ROLES if r in host.groups), None)
+
+
+def _engine(host, role, data) -> tuple[str | None, str | None, str | None]:
+    """(short engine, detail, unit) from the recipe's own facts and paths."""
+    lay = NodeLayout.of(data)
+    if role == "spark":
+        found = host.get_fact(DistVersions, venv=vllm_logic.venv_path(data),
+                              names=("torch", "vllm"))
+        if "vllm" not in found:
+            return "vllm: none", "vLLM: not installed", vllm_logic.UNIT
+        return (f"vllm {found['vllm']}", f"vLLM {found['vllm']} (torch {found.get('torch', '?')})",
+                vllm_logic.UNIT)
+    if role == "rtx4090":
+        builds = host.get_fact(LlamaBuilds, llama_dir=lay.llama_dir)
+        rec = builds.records.get(builds.current_name or "", {})
+        if not rec:
+            return "llama.cpp: none", "llama.cpp: not built", llama_logic.UNIT
+        return (f"llama.cpp {rec.get('tag')}",
+                f"llama.cpp {rec.get('tag')} ({str(rec.get('commit'))[:9]}, {rec.get('describe')})",
+                llama_logic.UNIT)
+    return None, None, None
+
+
+def node_status(host) -> NodeStatus:
+    data = host.data.dict()
+    st = NodeStatus(host.name, role=_role(host))
+    st.engine, st.engine_detail, unit = _engine(host, st.role, data)
+    if unit:
+        state = host.get_fact(UnitState, unit=unit)
+        st.service, st.enabled = state["active_state"] or "absent", state["enabled"]
+        st.port = data["service_port"]
+        ok, out, _ = run(host, f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' "
+                               f"{shlex.quote(api_url(data) + '/health')} || true")
+        st.health = out.strip() if out.strip() not in ("", "000") else "down"
+        records = host.get_fact(NodeReleases, path=NodeLayout.of(data).releases_file)
+        current = records.current
+        if current:
+            # What serves: the current release's model, checked against its verified record.
+            verified = host.get_fact(VerifiedModel, path=current.model_dir)
+            st.model = current.model_repo if verified else f"{current.model_repo} (not verified)"
+            st.revision = f"{current.model_revision} -> {str(current.model_sha)[:12]}"
+        st.release = current.short if current else None
+        prev = records.previous_release
+        st.previous_release = prev.short if prev else None
+        st.rolled_back_from = (records.rolled_back_from.short if records.rolled_back_from
+                               else None)
+    mem = host.get_fact(MemoryBytes)
+    st.memory_total_gib = round(mem["total"] / 1024**3, 1)
+    st.memory_used_gib = round((mem["total"] - mem["available"]) / 1024**3, 1)
+    used = host.get_fact(GpuMemoryUsed)
+    st.vram_used_gib = round(sum(used) / 1024, 1) if used else None
+    return st
+
+
+def status(inventory: str, limit=None) -> list[NodeStatus]:
+    with api.session(inventory, limit) as sess:
+        results = sess.each(node_status)
+        out = [NodeStatus(n, error=why) for n, why in sess.unreachable.items()]
+        for name, res in results.items():
+            out.append(res if isinstance(res, NodeStatus)
+                       else NodeStatus(name, error=f"{type(res).__name__}: {res}"))
+    return sorted(out, key=lambda s: s.host)

@@ -1,0 +1,76 @@
+"""`servefleet testbed up|add|rm|status|ssh|down`: the local fleet of real Debian hosts."""
+
+import json
+import os
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from servefleet_dev.testbed import hosts, lifecycle
+from servefleet_dev.testbed.state import load_state
+
+
+def register(sub) -> None:
+    p = sub.add_parser("testbed", help="local testbed of systemd-nspawn hosts")
+    tsub = p.add_subparsers(dest="action", required=True)
+    up = tsub.add_parser("up", help="start the testbed (network, hub, hosts)")
+    up.add_argument("--hosts", default=",".join(lifecycle.DEFAULT_HOSTS),
+                    help="comma-separated names; the prefix is the role (spark-1, rtx4090-1, depot-1)")
+    add = tsub.add_parser("add", help="add a fresh host next to the running ones")
+    add.add_argument("name")
+    rm = tsub.add_parser("rm", help="stop and delete one host")
+    rm.add_argument("name")
+    st = tsub.add_parser("status", help="table of hosts: name, role, address, systemd state")
+    st.add_argument("--json", action="store_true")
+    ssh = tsub.add_parser("ssh", help="ssh into a host: ssh NAME [-- CMD...]")
+    ssh.add_argument("name")
+    ssh.add_argument("--user", default="root", help="root (default) or fleetadmin, servefleet's login")
+    ssh.add_argument("cmd", nargs="*")
+    tsub.add_parser("down", help="stop everything and leave nothing behind")
+    p.set_defaults(func=run)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def print_status(rows: list[dict], console: Console | None = None) -> None:
+    table = Table(title="servefleet testbed")
+    for col in ("name", "role", "address", "systemd"):
+        table.add_column(col)
+    for row in rows:
+        style = "green" if row["systemd"] == "running" else "red"
+        table.add_row(row["name"], row["role"], row["address"], f"[{style}]{row['systemd']}[/]")
+    (console or Console()).print(table)
+
+
+def run(args) -> int:
+    try:
+        if args.action == "up":
+            names = [n.strip() for n in args.hosts.split(",") if n.strip()]
+            lifecycle.up(names, log=_log)
+            print_status(lifecycle.status())
+        elif args.action == "add":
+            lifecycle.add(args.name, log=_log)
+            print_status(lifecycle.status())
+        elif args.action == "rm":
+            lifecycle.rm(args.name, log=_log)
+        elif args.action == "status":
+            rows = lifecycle.status()
+            if args.json:
+                print(json.dumps({"hosts": rows, "services": load_state().services}, indent=2))
+            else:
+                print_status(rows)
+        elif args.action == "ssh":
+            rec = load_state().hosts.get(args.name)
+            if rec is None:
+                raise ValueError(f"no testbed host named {args.name}")
+            argv = [*hosts.ssh_args(rec, args.user), *args.cmd]
+            os.execvp(argv[0], argv)
+        elif args.action == "down":
+            lifecycle.down(log=_log)
+    except (ValueError, RuntimeError, TimeoutError) as exc:
+        print(f"servefleet testbed {args.action}: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,5 @@
+import sys
+
+from servefleet_dev.hub import main
+
+sys.exit(main())

@@ -1,0 +1,239 @@
+"""One testbed guest: an overlayfs over the base image, seeded, booted with systemd-nspawn."""
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from servefleet_dev.testbed import net
+from servefleet_dev.testbed.image import ADMIN_UID, ADMIN_USER
+from servefleet_dev.testbed.state import (HostRecord, common_dir, instance, known_hosts_path,
+                                          testbed_dir)
+
+GUEST_CACHE = "/var/cache/servefleet"  # where the host-side caches appear inside every guest
+SHARED_CACHES = ("apt", "wheels", "uv", "pip", "ccache", "git", "hub", "src")
+
+
+def hosts_dir() -> Path:
+    path = testbed_dir() / "hosts"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def shared_dir() -> Path:
+    """Host-side caches bind-mounted into every guest, so nothing big is fetched or built twice."""
+    path = common_dir() / "shared"
+    for name in SHARED_CACHES:
+        (path / name).mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _apt_cache(name: str) -> Path:
+    path = shared_dir() / "apt" / f"{instance()}-{name}"
+    (path / "partial").mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def ssh_key() -> Path:
+    """The testbed's own SSH key pair, made once."""
+    key = common_dir() / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(mode=0o700, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "servefleet-testbed",
+                        "-f", str(key)], check=True)
+    return key
+
+
+def ssh_base_args(port: int = 22) -> list[str]:
+    """ssh to a guest with its pinned host key (the testbed's known_hosts)."""
+    return ["ssh", "-i", str(ssh_key()), "-p", str(port), "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={known_hosts_path()}", "-o", "LogLevel=ERROR",
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+
+
+def ssh_args(record: HostRecord, user: str = "root") -> list[str]:
+    return [*ssh_base_args(record.ssh_port), f"{user}@{record.address}"]
+
+
+def known_hosts_name(record: HostRecord) -> str:
+    return record.address if record.ssh_port == 22 else f"[{record.address}]:{record.ssh_port}"
+
+
+def pin_host_key(record: HostRecord) -> None:
+    """Record the guest's own host key (made when it was seeded) in the testbed's known_hosts."""
+    key = (hosts_dir() / record.name / "upper/etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+    forget_host_key(record)
+    with open(known_hosts_path(), "a") as fh:
+        fh.write(f"{known_hosts_name(record)} {key[0]} {key[1]}\n")
+
+
+def forget_host_key(record: HostRecord) -> None:
+    path = known_hosts_path()
+    if path.exists():
+        name = known_hosts_name(record)
+        keep = [line for line in path.read_text().splitlines() if line.split(" ", 1)[0] != name]
+        path.write_text("".join(f"{line}\n" for line in keep))
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def _seed(upper: Path, name: str, address: str, ssh_port: int) -> None:
+    """What makes this host itself before first boot: name, address, resolver, SSH port, host
+    keys, the testbed key for root (the tests' inspection) and for the admin (servefleet's)."""
+    _write(upper / "etc/hostname", f"{name}\n")
+    _write(upper / "etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {name}\n")
+    _write(upper / "etc/machine-id", secrets.token_hex(16) + "\n", 0o444)
+    _write(upper / "etc/systemd/network/10-host0.network",
+           f"[Match]\nName=host0\n\n[Network]\nAddress={address}/{net.SUBNET.prefixlen}\n"
+           f"Gateway={net.GATEWAY}\nDNS={net.SLIRP_DNS}\nLinkLocalAddressing=no\n")
+    resolv = upper / "etc/resolv.conf"
+    if resolv.is_symlink():
+        resolv.unlink()
+    _write(resolv, f"nameserver {net.SLIRP_DNS}\n")
+    (upper / "etc/ssh").mkdir(parents=True, exist_ok=True)
+    subprocess.run(["ssh-keygen", "-A", "-f", str(upper)], check=True, capture_output=True)
+    if ssh_port != 22:
+        _write(upper / "etc/ssh/sshd_config.d/port.conf", f"Port {ssh_port}\n")
+    pub = Path(str(ssh_key()) + ".pub").read_text()
+    (upper / "root/.ssh").mkdir(parents=True, exist_ok=True, mode=0o700)
+    _write(upper / "root/.ssh/authorized_keys", pub, 0o600)
+    home = upper / "home" / ADMIN_USER
+    (home / ".ssh").mkdir(parents=True, exist_ok=True, mode=0o700)
+    _write(home / ".ssh/authorized_keys", pub, 0o600)
+    for path in (home, home / ".ssh", home / ".ssh/authorized_keys"):
+        os.chown(path, ADMIN_UID, ADMIN_UID)
+
+
+def _mounted(path: Path) -> bool:
+    target = str(path)
+    with open("/proc/self/mounts") as fh:
+        return any(line.split()[1] == target for line in fh)
+
+
+def start(record: HostRecord, image: Path) -> int:
+    """Mount the host's overlay (fresh upper on first start) and boot it; returns supervisor PID."""
+    base = hosts_dir() / record.name
+    upper, work, root = base / "upper", base / "work", base / "root"
+    fresh = not upper.exists()
+    for d in (upper, work, root):
+        d.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        _seed(upper, record.name, record.address, record.ssh_port)
+    pin_host_key(record)
+    if not _mounted(root):
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={image},upperdir={upper},workdir={work}", str(root)], check=True)
+    shared = shared_dir()
+    nspawn_args = [
+        "-b", "--register=no", "--keep-unit", f"--network-bridge={net.BRIDGE}",
+        "--resolv-conf=off", "--timezone=off", "--console=passive",
+        f"--bind={shared}:{GUEST_CACHE}",
+        # apt locks its archive dir, so each host name keeps its own (kept across re-creation).
+        f"--bind={_apt_cache(record.name)}:/var/cache/apt/archives",
+    ]
+    log = open(base / "console.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servefleet_dev.testbed.supervise", record.name, str(root), "--",
+         *nspawn_args],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        # A clean environment: guests must not inherit this shell's (slow) start-up or variables.
+        env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+             "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+             **{k: v for k, v in os.environ.items() if k.startswith("SERVEFLEET_")}},
+    )
+    return proc.pid
+
+
+def wait_ready(record: HostRecord, timeout: float = 60) -> str:
+    """Wait until sshd answers and systemd has finished booting; returns systemd's state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((record.address, record.ssh_port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        raise TimeoutError(f"testbed host {record.name} ({record.address}): no sshd after {timeout}s")
+    left = max(5, deadline - time.monotonic())
+    out = subprocess.run(
+        [*ssh_args(record), "timeout", str(int(left)), "systemctl", "is-system-running",
+         "--wait"],
+        capture_output=True, text=True,
+    )
+    return out.stdout.strip() or out.stderr.strip()
+
+
+def system_state(record: HostRecord) -> str:
+    out = subprocess.run([*ssh_args(record), "systemctl", "is-system-running"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or "unreachable"
+
+
+def _procs_of(base: Path) -> list[int]:
+    """PIDs of the supervisor, nspawn and guest processes of the host tree at base: its root
+    is exactly base/root (depot-1 is not depot-10: whole path components only)."""
+    root = f"{base}/root"
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            proc_root = os.readlink(proc / "root")
+        except OSError:
+            continue
+        if root.encode() in argv or proc_root == root or proc_root.startswith(root + "/"):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _mounts_under(base: Path) -> list[str]:
+    prefix = str(base)
+    with open("/proc/self/mounts") as fh:
+        points = [line.split()[1] for line in fh]
+    return [p for p in points if p == prefix or p.startswith(prefix + "/")]
+
+
+def _umount_under(base: Path) -> None:
+    for point in sorted(_mounts_under(base), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)
+
+
+def stop(name: str, pid: int | None, timeout: float = 15) -> None:
+    """Power the guest off (SIGTERM to its supervisor), kill what is left, unmount."""
+    base = hosts_dir() / name
+    if pid:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while _procs_of(base) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for leftover in _procs_of(base):
+        try:
+            os.kill(leftover, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _umount_under(base)
+
+
+def remove(name: str) -> None:
+    """Forget the host entirely: its upper dir is its disk."""
+    base = hosts_dir() / name
+    _umount_under(base)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def leftovers() -> list[Path]:
+    return [p for p in hosts_dir().iterdir() if p.is_dir()]

@@ -1,0 +1,99 @@
+"""The testbed's base root filesystem, built once with mmdebstrap and cached by recipe hash."""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from servefleet.core.paths import cache_subdir
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+# What a bare node has before servefleet touches it: an init system, sshd and a Python for pyinfra.
+PACKAGES = [
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
+    "ca-certificates", "iproute2", "sudo", "curl",
+]
+# The host's CA certificates: HTTPS from guests goes through an intercepting proxy.
+HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
+
+ADMIN_USER = "fleetadmin"  # every guest's login for servefleet: sudo, like a real fleet
+ADMIN_UID = 1000
+
+# Run inside the new root ($1) after packages are installed.
+CUSTOMIZE = [
+    # Guests get their address from systemd-networkd (seeded per host).
+    "chroot \"$1\" systemctl enable systemd-networkd ssh",
+    # Units that cannot work in a container and would only mark the system degraded.
+    "chroot \"$1\" systemctl mask systemd-timesyncd.service getty@tty1.service "
+    "console-getty.service systemd-resolved.service 2>/dev/null || true",
+    "rm -f \"$1\"/etc/ssh/ssh_host_*",  # each host gets its own keys, made when it is seeded
+    "chroot \"$1\" update-ca-certificates --fresh >/dev/null",
+    # Keep downloaded .debs: /var/cache/apt/archives is a host-side cache shared by all guests.
+    "echo 'Binary::apt::APT::Keep-Downloaded-Packages \"true\";' > \"$1\"/etc/apt/apt.conf.d/10keep",
+    "rm -f \"$1\"/etc/apt/apt.conf.d/docker-clean",
+    "echo 'PermitRootLogin prohibit-password' > \"$1\"/etc/ssh/sshd_config.d/servefleet.conf",
+    # The account a real fleet logs in with (DGX OS's default): not root, passwordless sudo.
+    f"chroot \"$1\" useradd --uid {ADMIN_UID} --create-home --shell /bin/bash {ADMIN_USER}",
+    f"echo '{ADMIN_USER} ALL=(ALL) NOPASSWD:ALL' > \"$1\"/etc/sudoers.d/{ADMIN_USER}",
+    f"chmod 0440 \"$1\"/etc/sudoers.d/{ADMIN_USER}",
+]
+
+
+def _ca_files() -> list[Path]:
+    return sorted(HOST_CA_DIR.glob("*.crt")) if HOST_CA_DIR.is_dir() else []
+
+
+def recipe_hash() -> str:
+    """Hash of everything that builds the image, so a changed recipe builds a new one."""
+    h = hashlib.sha256()
+    h.update(json.dumps([SUITE, MIRROR, PACKAGES, CUSTOMIZE]).encode())
+    for ca in _ca_files():
+        h.update(ca.name.encode() + ca.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _mounted_lowerdirs() -> set[str]:
+    """Images that running guests (of any testbed instance) have as their overlay's lower dir."""
+    found = set()
+    with open("/proc/self/mounts") as fh:
+        for line in fh:
+            fields = line.split()
+            if fields[2] == "overlay":
+                for opt in fields[3].split(","):
+                    if opt.startswith("lowerdir="):
+                        found.update(opt[len("lowerdir="):].split(":"))
+    return found
+
+
+def base_image(log=print) -> Path:
+    """Return the cached base rootfs directory, building it first when missing (~30 s)."""
+    images = cache_subdir("testbed/images")
+    target = images / f"bookworm-{recipe_hash()}"
+    if (target / ".complete").exists():
+        return target
+    log(f"building testbed base image {target.name} with mmdebstrap")
+    tmp = Path(tempfile.mkdtemp(prefix="build-", dir=images))
+    hooks = []
+    for ca in _ca_files():
+        hooks.append(f"--customize-hook=copy-in {ca} /usr/local/share/ca-certificates/")
+    hooks += [f"--customize-hook={cmd}" for cmd in CUSTOMIZE]
+    try:
+        subprocess.run(
+            ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+             *hooks, SUITE, str(tmp / "rootfs"), MIRROR],
+            check=True,
+        )
+        (tmp / "rootfs" / ".complete").touch()
+        if target.exists():
+            shutil.rmtree(target)
+        (tmp / "rootfs").rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    in_use = _mounted_lowerdirs()
+    for old in images.glob("bookworm-*"):  # old recipes are dead weight, unless a guest runs on one
+        if old != target and str(old) not in in_use:
+            shutil.rmtree(old, ignore_errors=True)
+    return target

@@ -1,0 +1,120 @@
+"""What the testbed's recipes need besides hosts: real wheels, the llama.cpp mirror, tiny models.
+
+One place for the tests, `servefleet demo` and the benchmarks:
+
+- the wheelhouse (guests: /var/cache/servefleet/wheels) holds PyPI's real torch 2.11.0 (cp311,
+  the guests' Python) and vLLM 0.24.0 wheels; the spark hosts install them with python_no_deps;
+- the git mirror (guests: /var/cache/servefleet/git/llama.cpp.git) holds the llama.cpp source
+  vendored in PyPI's llama-cpp-python sdist at a deterministic commit (the testbed's pin);
+- the local hub holds a tiny Qwen3.5-MoE checkpoint (no visual.*, no mtp.*) on the branch
+  `testbed-tiny` of the real repo id, and a tiny qwen35moe GGUF with the real missing-MTP defect.
+Every step is idempotent and cached: only the first call on a machine downloads or builds.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from servefleet.core.groupdata import load_group
+from servefleet_dev.hub import publish
+from servefleet_dev.testbed import hosts
+from servefleet_dev.standin.install import EXECUTABLE_NAME, install
+from servefleet_dev.testbed.services import hub_root
+from servefleet_dev.testing.llama_src import commits
+from servefleet_dev.testing.tiny_models import build_tiny_checkpoint, build_tiny_gguf
+from servefleet_dev.testing.wheels import cache_lock, cache_subdir, vllm_wheel
+
+GUEST_PYTHON = "3.11"  # Debian 12's Python
+
+
+def load(*groups: str) -> dict:
+    """group_data values as a testbed host of these groups gets them (later groups win)."""
+    out: dict = {}
+    for name in groups:
+        out.update(load_group(name) or {})
+    return out
+
+
+SPARK = load("all", "spark", "testbed_spark", "testbed")
+RTX4090 = load("all", "rtx4090", "testbed_rtx4090", "testbed")
+
+
+def torch_wheel() -> Path:
+    """PyPI's torch 2.11.0 wheel for the guests (x86_64, CPython 3.11), downloaded once."""
+    wheels = cache_subdir("wheels")
+    with cache_lock("torch-2.11.0-cp311-wheel"):
+        found = sorted(wheels.glob("torch-2.11.0-cp311-cp311-manylinux*_x86_64.whl"))
+        if not found:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                            "--only-binary=:all:", "--python-version", GUEST_PYTHON,
+                            "--platform", "manylinux_2_28_x86_64", "--dest", str(wheels),
+                            "torch==2.11.0"], check=True)
+            found = sorted(wheels.glob("torch-2.11.0-cp311-cp311-manylinux*_x86_64.whl"))
+    return found[-1]
+
+
+def stock_wheelhouse() -> None:
+    """The real vLLM and torch wheels in the guests' wheelhouse (hard links into the cache)."""
+    house = hosts.shared_dir() / "wheels"
+    for wheel in (vllm_wheel(SPARK["vllm_version"]), torch_wheel()):
+        dest = house / wheel.name
+        if not dest.exists():
+            tmp = house / f".{wheel.name}.tmp"
+            try:
+                os.link(wheel, tmp)
+            except OSError:
+                shutil.copyfile(wheel, tmp)
+            os.replace(tmp, dest)
+
+
+def publish_spark_checkpoint() -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        build_tiny_checkpoint(tmp, visual=False, mtp=False)
+        return publish(hub_root(), SPARK["model_repo"], tmp, branch=SPARK["model_revision"],
+                       message="tiny Qwen3.5-MoE for the testbed")
+
+
+def publish_gguf() -> str:
+    with tempfile.TemporaryDirectory() as src:  # publish copies the file into the hub's store
+        build_tiny_gguf(Path(src) / RTX4090["model_file"], layout="field_missing_mtp")
+        return publish(hub_root(), RTX4090["model_repo"], src)
+
+
+def llama_mirror() -> dict[str, str]:
+    """Both llama.cpp sources in the guests' mirror: {tag: commit}. The testbed's pin must be
+    one of them (b9785, the real release; llama-cpp-python-0.3.36, newer, an upgrade target)."""
+    found = commits()
+    if found.get(RTX4090["llamacpp_tag"]) != RTX4090["llamacpp_commit"]:
+        raise RuntimeError(f"the testbed mirror holds {found}, but group_data/testbed_rtx4090.py "
+                           f"pins {RTX4090['llamacpp_tag']} = {RTX4090['llamacpp_commit']}")
+    return found
+
+
+STANDIN_DIR = "standin"  # under the shared caches: guests see /var/cache/servefleet/standin
+
+
+def standin() -> str:
+    """The vLLM engine stand-in, root-owned in the shared caches; returns its path in guests."""
+    install(hosts.shared_dir() / STANDIN_DIR)
+    guest = f"{hosts.GUEST_CACHE}/{STANDIN_DIR}/{EXECUTABLE_NAME}"
+    if guest != SPARK["vllm_executable"]:
+        raise RuntimeError(f"the stand-in is at {guest} in guests, but group_data/"
+                           f"testbed_spark.py's vllm_executable is {SPARK['vllm_executable']}")
+    return guest
+
+
+def prepare(spark: bool = True, rtx4090: bool = True, log=print) -> None:
+    """Everything both recipes need on the testbed; cheap once done."""
+    if spark:
+        log("testbed material: torch + vLLM wheels, the vLLM engine stand-in, tiny checkpoint "
+            "on the hub")
+        stock_wheelhouse()
+        standin()
+        publish_spark_checkpoint()
+    if rtx4090:
+        log("testbed material: llama.cpp mirror, tiny GGUF on the hub")
+        llama_mirror()
+        publish_gguf()

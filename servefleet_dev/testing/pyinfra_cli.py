@@ -1,0 +1,49 @@
+"""Run pyinfra deploys the way an operator does (its CLI), and read back what changed: the tests'
+way to drive a deploy. (servefleet's own verbs converge through the API: servefleet.verbs.session.)"""
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+# pyinfra's results table ends with: "Grand total   <ops>   <success>   <error>   <no change>"
+_TOTAL = re.compile(r"Grand total\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the project this dev package ships with
+
+
+def _num(text: str) -> int:
+    return 0 if text == "-" else int(text)
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    operations: int = 0
+    changed: int = 0  # pyinfra's "Success" column: operations that ran commands
+    errors: int = 0
+    no_change: int = 0
+
+
+def pyinfra(inventory: str, deploy: str, *args: str, limit: str | None = None,
+            data: dict | None = None, env: dict | None = None, timeout: float | None = None,
+            cwd: Path | None = None) -> Run:
+    """`pyinfra -y INVENTORY DEPLOY` from the project (files and group_data resolve there)."""
+    cmd = [sys.executable, "-m", "pyinfra", "-y"]
+    for name in (limit.split(",") if limit else []):  # pyinfra takes one --limit per pattern
+        cmd += ["--limit", name]
+    for key, value in (data or {}).items():
+        cmd += ["--data", f"{key}={value}"]
+    cmd += [*args, inventory, deploy]
+    proc = subprocess.run(cmd, cwd=cwd or REPO_ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {}), "NO_COLOR": "1"})
+    out = _ANSI.sub("", proc.stdout + proc.stderr)
+    run = Run(proc.returncode, out)
+    match = _TOTAL.search(out)
+    if match:
+        run.operations, run.changed, run.errors, run.no_change = map(_num, match.groups())
+    return run

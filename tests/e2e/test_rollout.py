@@ -1,0 +1,241 @@
+"""`servefleet rollout` and `servefleet rollback` on the testbed, for real.
+
+llama.cpp: a real upgrade between two real releases, b9785 (the recipe's) and the newer tree
+vendored in llama-cpp-python 0.3.36, on three hosts in batches of one; a failing upgrade that
+changes the build too (the newer tree with the overrides turned off for the defective GGUF) is
+rolled back on the first host and stops the rollout; the rollout is interrupted at three points
+and a rerun finishes or rolls back. vLLM: 0.24.0 -> 0.26.0 with the real wheels and both real
+patches, served by the engine stand-in replaying 0.26.0's own recorded lines; it rolls back
+when the stand-in is told to fail for 0.26.0. Then a rollback by hand, and a converge back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from servefleet_dev.testbed import lifecycle, material
+from servefleet_dev.testbed.hosts import shared_dir
+from servefleet_dev.testing.llama_src import commits
+from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
+from servefleet_dev.testing.wheels import vllm_wheel
+
+pytestmark = pytest.mark.e2e
+INVENTORY = "inventory/testbed.py"
+Q4, BF16 = "deploys/serve_q4_llamacpp.py", "deploys/serve_bf16.py"
+LLAMAS = ["rtx4090-1", "rtx4090-5", "rtx4090-6"]
+ROOT = "/opt/servefleet"
+UNIT = "/etc/systemd/system/servefleet-llama.service"
+CLI = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(main())"]
+NEWER = "llama-cpp-python-0.3.36"
+
+
+def newer() -> list[str]:
+    """--data that moves the llama.cpp hosts to the newer tree (a real, other release)."""
+    return ["--data", f"llamacpp_tag={NEWER}", "--data", f"llamacpp_commit={commits()[NEWER]}"]
+
+
+def rollout(*args: str, deploy: str = Q4, limit=None):
+    cmd = [*CLI, "rollout", INVENTORY, deploy, "--json", *args]
+    for name in limit or []:
+        cmd += ["--limit", name]
+    out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=3600)
+    report = json.loads(out.stdout) if out.stdout.strip() else {"stderr": out.stderr}
+    return out.returncode, report, out.stderr
+
+
+def health(th, host: str, port: int = 8080) -> str:
+    return th(host).check_output(
+        f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' http://127.0.0.1:{port}/health || true")
+
+
+def records(th, host: str) -> dict:
+    return json.loads(th(host).file(f"{ROOT}/state/releases.json").content_string)
+
+
+def agree(th, host: str, unit: str = UNIT) -> dict:
+    """The release records agree with what serves: the unit on disk is the current release's,
+    the service runs it healthy (running.json), llama.cpp's `current` is its build."""
+    h = th(host)
+    rec = records(th, host)
+    current = rec["current"]
+    assert h.file(unit).content_string == current["unit_text"]
+    running = json.loads(h.file(f"{ROOT}/state/running.json").content_string)
+    assert running["release"] == release_id(current)
+    if current["engine"] == "llama.cpp":
+        assert h.file(f"{ROOT}/llama.cpp/current").linked_to == current["prefix"]
+    return current
+
+
+def release_id(doc: dict) -> str:
+    from servefleet.core.releases import Release
+    return Release.from_json(doc).id
+
+
+@pytest.fixture(scope="module")
+def llama_fleet(testbed):
+    """Three llama.cpp hosts serving b9785, the testbed's pin."""
+    material.prepare(spark=False)
+    for name in LLAMAS[1:]:
+        lifecycle.add(name, log=lambda m: None)
+    run = pyinfra(INVENTORY, Q4, limit=",".join(LLAMAS), timeout=3600)
+    assert run.returncode == 0, run.output[-4000:]
+    yield LLAMAS
+    for name in LLAMAS[1:]:
+        lifecycle.rm(name, log=lambda m: None)
+    pyinfra(INVENTORY, Q4, limit=LLAMAS[0], timeout=3600)
+
+
+def test_a_real_upgrade_of_three_hosts_in_batches_of_one(llama_fleet, th):
+    before = {h: records(th, h)["current"] for h in LLAMAS}
+    assert {c["version"] for c in before.values()} == {"b9785"}
+    rc, report, err = rollout("--batch", "1", *newer(), limit=LLAMAS)
+    assert rc == 0, (report, err[-3000:])
+    for host in LLAMAS:
+        r = report["hosts"][host]
+        assert r["result"] == "upgraded", r
+        assert r["from_release"].startswith("llama.cpp b9785") and NEWER in r["to_release"]
+        assert r["gate_s"] is not None and r["converge_s"] is not None
+        current = agree(th, host)
+        assert current["version"] == NEWER and current["commit"] == commits()[NEWER]
+        assert health(th, host) == "200"
+        # The previous release stays servable: its build is on disk.
+        assert records(th, host)["previous"][0]["version"] == "b9785"
+        assert th(host).file(f"{before[host]['prefix']}/bin/llama-server").exists
+    assert "batch 3/3" in err  # one host per batch
+
+
+def test_a_failing_upgrade_rolls_back_the_first_host_and_leaves_the_others(llama_fleet, th):
+    rc, _, err = rollout("--batch", "1", limit=LLAMAS)  # back to b9785, the data's release
+    assert rc == 0, err[-3000:]
+    untouched = {h: (th(h).file(UNIT).content_string, records(th, h)) for h in LLAMAS[1:]}
+    rc, report, err = rollout("--batch", "1", *newer(), "--data", "llamacpp_gguf_overrides=false",
+                              limit=LLAMAS)
+    assert rc == 1, (report, err[-3000:])
+    first = report["hosts"][LLAMAS[0]]
+    assert first["result"] == "rolled back", first
+    assert "tensor 'blk.40.attn_norm.weight' not found" in err or "crash-looping" in first["detail"]
+    assert health(th, LLAMAS[0]) == "200"
+    current = agree(th, LLAMAS[0])
+    assert current["version"] == "b9785"  # its old build prefix, unit and model
+    assert "--override-kv" in current["unit_text"]
+    for host in LLAMAS[1:]:
+        assert report["hosts"][host]["result"] == "untouched"
+        assert (th(host).file(UNIT).content_string, records(th, host)) == untouched[host]
+    assert "stopped after 1 failed host" in report["message"]
+    # Drift, with the data of that failed upgrade, shows the host rolled back from it.
+    out = subprocess.run([*CLI, "drift", INVENTORY, Q4, "--limit", LLAMAS[0], "--json", *newer(),
+                          "--data", "llamacpp_gguf_overrides=false"], cwd=REPO_ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 1
+    items = {i["name"]: i for i in json.loads(out.stdout)["hosts"][LLAMAS[0]]["items"]}
+    assert items["release"]["state"] == "drifted"
+    assert "rolled back from llama.cpp llama-cpp-python-0.3.36" in items["release"]["found"]
+
+
+@pytest.mark.parametrize("point,after,delay", [
+    ("during the converge", "converging", 2.0),
+    ("between the converge and the gate", "gating", 0.0),
+    ("during the gate", "gating", 1.5),
+])
+def test_an_interrupted_rollout_is_finished_by_a_rerun(llama_fleet, th, point, after, delay):
+    host = LLAMAS[0]
+    rc, _, err = rollout(limit=[host])  # from b9785, the data's release
+    assert rc == 0, err[-3000:]
+    cmd = [*CLI, "rollout", INVENTORY, Q4, "--limit", host, *newer()]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if f": {after}" in line:
+                time.sleep(delay)
+                os.killpg(proc.pid, signal.SIGKILL)  # a killed operator machine
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert any(f": {after}" in line for line in seen), "".join(seen)[-2000:]
+    # Right after the kill, the host serves the old release or the new one.
+    deadline = time.monotonic() + 60
+    while health(th, host) != "200":
+        assert time.monotonic() < deadline, f"{point}: no /health 200 after the kill"
+        time.sleep(1)
+    rc, report, err = rollout(*newer(), limit=[host])  # the rerun finishes the job
+    assert rc in (0, 1), (report, err[-3000:])
+    result = report["hosts"][host]["result"]
+    assert result in ("upgraded", "rolled back"), report
+    current = agree(th, host)
+    assert current["version"] == (NEWER if result == "upgraded" else "b9785")
+    assert health(th, host) == "200"
+    assert not th(host).file(f"{ROOT}/state/rollout.json").exists  # finished
+
+
+def test_rollback_by_hand_then_converge_returns_to_the_data(llama_fleet, th):
+    host = LLAMAS[0]
+    rc, _, err = rollout(*newer(), limit=[host])
+    assert rc == 0, err[-3000:]
+    out = subprocess.run([*CLI, "rollback", INVENTORY, "--limit", host, "--json"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["hosts"][host]["result"] == "rolled back"
+    assert agree(th, host)["version"] == "b9785" and health(th, host) == "200"
+    status = json.loads(subprocess.run([*CLI, "status", INVENTORY, "--limit", host, "--json"],
+                                       cwd=REPO_ROOT, capture_output=True, text=True).stdout)
+    assert status[0]["rolled_back_from"].startswith(f"llama.cpp {NEWER}")
+    run = pyinfra(INVENTORY, Q4, limit=host, data={"llamacpp_tag": NEWER,
+                                                  "llamacpp_commit": commits()[NEWER]})
+    assert run.returncode == 0, run.output[-3000:]
+    current = agree(th, host)
+    assert current["version"] == NEWER and records(th, host)["rolled_back_from"] is None
+
+
+@pytest.fixture(scope="module")
+def vllm_026(testbed):
+    """vLLM 0.26.0's real wheel in the wheelhouse, beside 0.24.0's."""
+    material.prepare(rtx4090=False)
+    wheel = vllm_wheel("0.26.0")
+    house = shared_dir() / "wheels" / wheel.name
+    if not house.exists():
+        os.link(wheel, house)
+    run = pyinfra(INVENTORY, BF16, limit="spark-1", timeout=3600)
+    assert run.returncode == 0, run.output[-3000:]
+    yield
+    pyinfra(INVENTORY, BF16, limit="spark-1", timeout=3600)
+
+
+def test_vllm_0_24_to_0_26_upgrades_then_rolls_back_when_0_26_fails(vllm_026, th):
+    host, unit = "spark-1", "/etc/systemd/system/servefleet-vllm.service"
+    rc, report, err = rollout("--data", "vllm_version=0.26.0", deploy=BF16, limit=[host])
+    assert rc == 0, (report, err[-3000:])
+    assert report["hosts"][host]["result"] == "upgraded"
+    current = agree(th, host, unit)
+    assert current["version"] == "0.26.0" and current["prefix"].endswith("/vllm-0.26.0")
+    journal = th(host).check_output("journalctl -u servefleet-vllm -o cat --no-pager -n 400")
+    assert "Initializing a V1 LLM engine (v0.26.0)" in journal  # 0.26.0's own recorded lines
+    # Both venvs are kept: 0.24.0 can serve again without installing anything.
+    assert th(host).file(f"{ROOT}/venvs/vllm-0.24.0/bin/python").exists
+
+    rc, _, err = rollout(deploy=BF16, limit=[host])  # back to 0.24.0, the data's release
+    assert rc == 0, err[-3000:]
+    th(host).run("mkdir -p /etc/servefleet-standin && echo 0.26.0 > "
+                 "/etc/servefleet-standin/fail-versions")
+    try:
+        rc, report, err = rollout("--data", "vllm_version=0.26.0", deploy=BF16, limit=[host])
+    finally:
+        th(host).run("rm -f /etc/servefleet-standin/fail-versions")
+    assert rc == 1, (report, err[-3000:])
+    assert report["hosts"][host]["result"] == "rolled back", report
+    assert "crash-looping" in report["hosts"][host]["detail"]
+    current = agree(th, host, unit)
+    assert current["version"] == "0.24.0"
+    assert health(th, host, 8000) == "200"

@@ -1,0 +1,132 @@
+"""Hostile data values: each one reaches the contract's checks the way the inventory does
+(before any connection), and is refused naming its key, or is harmless: escaped where it is
+written (the rendered unit has no extra directive)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from servefleet.core import vllm
+from servefleet.core.data import HostData, Layer, validate
+from servefleet.core.errors import DataError
+from servefleet.core.systemd import render_unit
+from servefleet_dev.testbed.material import load
+from tests.hostile.table import harmless, refused
+
+CATEGORY = "data values"
+REPO = Path(__file__).resolve().parents[2]
+SPARK = load("all", "spark")
+RTX = load("all", "rtx4090")
+
+
+def attempt(overrides: dict, base: dict = SPARK, groups=("spark",), recipe="serve_bf16"):
+    def run():
+        layers = [Layer("--data", overrides), Layer("group_data", base)]
+        try:
+            validate(HostData("spark-01", list(groups), layers), recipe)
+        except DataError as exc:
+            return str(exc)
+        return None
+    return run
+
+
+def case(name: str, overrides: dict, expected: str, **kw):
+    return refused(CATEGORY, name, expected, attempt(overrides, **kw))
+
+
+def unit_lines(data: dict) -> list[str]:
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        text = render_unit("files/vllm/servefleet-vllm.service.j2",
+                           vllm.unit_context(data, "/opt/servefleet/models/o--m/" + "a" * 40))
+    finally:
+        os.chdir(cwd)
+    return [line for line in text.splitlines() if line and not line.startswith((" ", "#"))]
+
+
+def escaped_name_is_one_word():
+    value = "a%nb$HOMEc"
+    assert attempt({"served_model_name": value})() is None  # accepted: a legal name
+    clean = unit_lines(SPARK)
+    hostile = unit_lines({**SPARK, "served_model_name": value})
+    assert [l.split("=", 1)[0] for l in hostile] == [l.split("=", 1)[0] for l in clean]
+    text = render_unit_text({**SPARK, "served_model_name": value}).splitlines()
+    assert '    --served-model-name "a%%nb$$HOMEc" \\' in text  # one quoted word, escaped
+    assert "Description=vLLM serving a%%nb$HOMEc (servefleet)" in text
+
+
+def render_unit_text(data: dict) -> str:
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        return render_unit("files/vllm/servefleet-vllm.service.j2",
+                           vllm.unit_context(data, "/opt/servefleet/models/o--m/" + "a" * 40))
+    finally:
+        os.chdir(cwd)
+
+
+CASES = [
+    case("service_host: IPv6 scope id carrying a directive",
+         {"service_host": "fe80::1%eth0\nExecStartPre=/bin/sh"}, "'service_host'"),
+    case("service_host: IPv6 scope id", {"service_host": "fe80::1%eth0"},
+         "an IP address without a scope id"),
+    case("service_host: shell characters", {"service_host": "127.0.0.1;id"}, "'service_host'"),
+    case("service_host: a host name", {"service_host": "localhost"}, "'service_host'"),
+    case("servefleet_root: a newline and a directive",
+         {"servefleet_root": "/opt/sf\nExecStartPre=/tmp/x"}, "'servefleet_root'"),
+    case("servefleet_root: /", {"servefleet_root": "/"}, "never a system directory"),
+    case("servefleet_root: /etc", {"servefleet_root": "/etc"}, "'servefleet_root' = '/etc'"),
+    case("servefleet_root: /usr/local", {"servefleet_root": "/usr/local"},
+         "'servefleet_root' = '/usr/local'"),
+    case("servefleet_root: /var (a parent of system dirs)", {"servefleet_root": "/var"},
+         "'servefleet_root' = '/var'"),
+    case("servefleet_root: a space", {"servefleet_root": "/opt/my servefleet"},
+         "'servefleet_root'"),
+    case("servefleet_root: ..", {"servefleet_root": "/opt/../etc"}, "'servefleet_root'"),
+    case("servefleet_root: relative", {"servefleet_root": "opt/servefleet"}, "'servefleet_root'"),
+    case("servefleet_root: one level", {"servefleet_root": "/srv"}, "'servefleet_root'"),
+    case("depot_store: /", {"depot_store": "/"}, "'depot_store' = '/'"),
+    case("models_root: /home", {"models_root": "/home"}, "'models_root' = '/home'"),
+    case("models_root: holds the root", {"models_root": "/opt"}, "'models_root' = '/opt'"),
+    case("servefleet_user: root", {"servefleet_user": "root"}, "'servefleet_user' = 'root'"),
+    case("servefleet_user: sshd", {"servefleet_user": "sshd"}, "'servefleet_user' = 'sshd'"),
+    case("servefleet_user: shell characters", {"servefleet_user": "svc;id"},
+         "'servefleet_user'"),
+    case("model_repo: org/..", {"model_repo": "org/.."}, "'model_repo' = 'org/..'"),
+    case("model_repo: ../../etc", {"model_repo": "../../etc"}, "'model_repo'"),
+    case("model_revision: a newline", {"model_revision": "main\nx"}, "'model_revision'"),
+    case("model_revision: ../", {"model_revision": "../../x"}, "'model_revision'"),
+    case("model_revision: a space", {"model_revision": "main branch"}, "'model_revision'"),
+    case("served_model_name: a space", {"served_model_name": "a b"}, "'served_model_name'"),
+    case("served_model_name: a directive",
+         {"served_model_name": "x\nExecStartPre=/bin/sh"}, "'served_model_name'"),
+    case("vllm_extra_args: a newline", {"vllm_extra_args": ["--x\nExecStartPre=/bin/sh"]},
+         "'vllm_extra_args'"),
+    case("vllm_extra_args: a quote", {"vllm_extra_args": ["--x='a"]}, "'vllm_extra_args'"),
+    case("llamacpp_server_args: a space", {"llamacpp_server_args": ["a;b c"]},
+         "'llamacpp_server_args'", base=RTX, groups=("rtx4090",), recipe="serve_q4_llamacpp"),
+    case("llamacpp_cmake_flags: a second flag in a value",
+         {"llamacpp_cmake_flags": {"GGML_CUDA": "ON -DX=1"}}, "'llamacpp_cmake_flags'",
+         base=RTX, groups=("rtx4090",), recipe="serve_q4_llamacpp"),
+    case("llamacpp_git_url: a shell command", {"llamacpp_git_url": "https://x/y;rm -rf /"},
+         "'llamacpp_git_url'", base=RTX, groups=("rtx4090",), recipe="serve_q4_llamacpp"),
+    case("model_file: ../", {"model_file": "../../etc/passwd.gguf"}, "'model_file'",
+         base=RTX, groups=("rtx4090",), recipe="serve_q4_llamacpp"),
+    case("hf_endpoint: a newline", {"hf_endpoint": "http://x\nHost: y"}, "'hf_endpoint'"),
+    case("expected_arch: shell", {"expected_arch": "x86_64; reboot"}, "'expected_arch'"),
+    case("service_port: a boolean", {"service_port": True}, "'service_port' = True (bool)"),
+    case("service_port: 0", {"service_port": 0}, "'service_port' = 0"),
+    case("python_interpreter: a command", {"python_interpreter": {"debian": "python3 -c x"}},
+         "'python_interpreter'"),
+    case("an API on every interface without a key", {"service_host": "0.0.0.0"},
+         "key 'api_key_file' is missing: the API binds 0.0.0.0"),
+    case("the testbed's executable on a real host", {"vllm_executable": "/tmp/x"},
+         "key 'vllm_executable' is testbed-only"),
+    case("a misspelt key", {"serivce_port": 8001}, "(did you mean service_port?)"),
+    case("depot source without a depot", {"model_source": "depot"}, "'depot_host' is missing"),
+    harmless(CATEGORY, "served_model_name with % and $",
+             "the unit holds it escaped (%% and $$), with the same directives as a clean one",
+             escaped_name_is_one_word),
+]
