@@ -22,14 +22,14 @@ import sys
 import time
 from pathlib import Path
 
-from servefleet import hub
-from servefleet.converge import pyinfra
-from servefleet.paths import cache_subdir
-from servefleet.testbed import hosts as tb_hosts
-from servefleet.testbed import lifecycle
-from servefleet.testbed.services import hub_root
-from servefleet.testbed.state import load_state
-from servefleet.testing.tiny_models import build_tiny_checkpoint
+from servefleet_dev import hub
+from servefleet_dev.testing.pyinfra_cli import pyinfra
+from servefleet.core.paths import cache_subdir
+from servefleet_dev.testbed import hosts as tb_hosts
+from servefleet_dev.testbed import lifecycle
+from servefleet_dev.testbed.services import hub_root
+from servefleet_dev.testbed.state import load_state
+from servefleet_dev.testing.tiny_models import build_tiny_checkpoint
 
 REPO, WARMUP = "bench/depot-fanout", "bench/depot-fanout-warmup"
 DEPOT, STORE = "depot-1", "/opt/servefleet/depot"

@@ -1,7 +1,7 @@
-"""Throughput of the local hub (servefleet.hub) with the real huggingface_hub client over loopback.
+"""Throughput of the local hub (servefleet_dev.hub) with the real huggingface_hub client over loopback.
 
 Creates a 1 GB file in a temporary directory under the servefleet cache (never in the repo),
-publishes it, serves it from a separate `python -m servefleet.hub serve` process, downloads it with
+publishes it, serves it from a separate `python -m servefleet_dev.hub serve` process, downloads it with
 `hf_hub_download` N times into fresh caches, and prints seconds, MB/s, the median, the bytes the server
 sent ("upstream bytes") and the server's peak RSS (sendfile: it must stay far below the file size).
 
@@ -26,8 +26,8 @@ os.environ.setdefault("HF_HUB_DISABLE_UPDATE_CHECK", "1")
 
 from huggingface_hub import hf_hub_download  # noqa: E402
 
-from servefleet import hub  # noqa: E402
-from servefleet.paths import cache_subdir  # noqa: E402
+from servefleet_dev import hub  # noqa: E402
+from servefleet.core.paths import cache_subdir  # noqa: E402
 
 REPO, FILENAME = "bench/one-gig", "model.safetensors"
 MB = 1_000_000
@@ -55,7 +55,7 @@ def peak_rss_mb(pid: int) -> float:
 def start_server(root: Path, workdir: Path) -> tuple[subprocess.Popen, str]:
     ready = workdir / "ready"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servefleet.hub", "serve", "--root", str(root), "--ready-file", str(ready)],
+        [sys.executable, "-m", "servefleet_dev.hub", "serve", "--root", str(root), "--ready-file", str(ready)],
         stdout=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 30

@@ -28,15 +28,15 @@ from pathlib import Path
 
 os.environ.setdefault("SERVEFLEET_TESTBED_INSTANCE", "8")
 
-from servefleet import llamacpp  # noqa: E402
-from servefleet.converge import pyinfra  # noqa: E402
-from servefleet.hub import publish  # noqa: E402
-from servefleet.testbed import hosts as tb_hosts  # noqa: E402
-from servefleet.testbed import lifecycle  # noqa: E402
-from servefleet.testbed.services import hub_root  # noqa: E402
-from servefleet.testbed.state import load_state  # noqa: E402
-from servefleet.testing.llama_src import ensure_mirror  # noqa: E402
-from servefleet.testing.tiny_models import build_tiny_gguf  # noqa: E402
+from servefleet.core import llamacpp  # noqa: E402
+from servefleet_dev.testing.pyinfra_cli import pyinfra  # noqa: E402
+from servefleet_dev.hub import publish  # noqa: E402
+from servefleet_dev.testbed import hosts as tb_hosts  # noqa: E402
+from servefleet_dev.testbed import lifecycle  # noqa: E402
+from servefleet_dev.testbed.services import hub_root  # noqa: E402
+from servefleet_dev.testbed.state import load_state  # noqa: E402
+from servefleet_dev.testing.llama_src import commits  # noqa: E402
+from servefleet_dev.testing.tiny_models import build_tiny_gguf  # noqa: E402
 
 HOST = "rtx4090-1"
 DEPLOY = "deploys/serve_q4_llamacpp.py"
@@ -83,7 +83,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ccache-bench-", dir=tb_hosts.shared_dir()))
     guest_ccache = f"{GUEST_CACHE}/{tmp.name}"
     try:
-        assert ensure_mirror() == data["llamacpp_commit"], "update llamacpp_commit in the testbed data"
+        assert commits()[data["llamacpp_tag"]] == data["llamacpp_commit"], "update the testbed data"
         with tempfile.TemporaryDirectory() as src:
             build_tiny_gguf(Path(src) / data["model_file"], layout="missing_mtp")
             publish(hub_root(), data["model_repo"], src)

@@ -3,5 +3,5 @@
 require_gpu = False  # no GPUs in systemd-nspawn guests
 expected_arch = None  # the testbed runs on this machine's architecture
 min_free_disk_bytes = 1 * 1024**3  # guests share the host's disk
-# Host-side caches bind-mounted into every guest (servefleet/testbed/hosts.py).
+# Host-side caches bind-mounted into every guest (servefleet_dev/testbed/state.py, shared_dir).
 pip_find_links = ["/var/cache/servefleet/wheels"]  # the testbed's wheelhouse

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from importlib.metadata import entry_points
 
 from servefleet.core.errors import DataError, Exit, InputError
@@ -31,8 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (a CI job cancelled, kill): the same clean stop as Ctrl-C
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return int(args.func(args) or 0)
     except (DataError, InputError) as exc:

@@ -12,7 +12,8 @@ paths; nothing else spells a node path. Scripts under files/ get their paths as 
         llama.cpp/current           -> the build the current release serves
         etc/api-key                 the API key, one line, root 0600 (both engines)
         etc/vllm.env                VLLM_API_KEY=..., derived from etc/api-key, root 0600
-        etc/hf-token                the hub token, root 0600 (passed to the fetcher as a file)
+        etc/hf-token                the hub token, 0400 owned by the service user, which fetches
+                                    (passed to the fetcher as a file, never in argv)
         etc/depot-key|known-hosts   fleet key and the depot's host key (nodes of a depot)
         state/                      root's records: releases.json, running.json, rollout.json,
                                     fetch requests

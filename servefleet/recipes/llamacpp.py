@@ -22,7 +22,7 @@ from pyinfra.api import deploy
 
 from servefleet.core import llamacpp as logic
 from servefleet.core.layout import api_url
-from servefleet.core.lint import gguf_lint
+from servefleet.core.lint import gguf_header, gguf_lint
 from servefleet.core.secrets import read_secret
 from servefleet.facts.llamacpp import GgufLint
 from servefleet.operations import health as health_ops
@@ -38,6 +38,7 @@ PREFLIGHT_SCRIPT = "files/llamacpp/llama-preflight.sh"
 HEALTH_SCRIPT = "files/health/health.py"
 # The lint runs on the node with the tools venv's gguf: servefleet's own module, uploaded.
 LINT_SOURCE = Path(gguf_lint.__file__)
+LINT_HEADER_SOURCE = Path(gguf_header.__file__)  # imported by the lint, from its own directory
 
 
 @dataclass
@@ -93,6 +94,8 @@ def gguf_lint_step(run: ModelRun):
     """gguf in the tools venv and the lint on the node; the model file linted there."""
     base.tools(base.GGUF_TOOLS)
     args = _lint_args(run.path)
+    node.upload(name="GGUF header check", dest=base.layout().bin("gguf_header.py"),
+                content=LINT_HEADER_SOURCE.read_bytes(), mode="644")
     node.upload(name="GGUF lint script", dest=args["script"], content=LINT_SOURCE.read_bytes(),
                 mode="644")
     ops.check_gguf(name="GGUF lint of the model file", **args)

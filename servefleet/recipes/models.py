@@ -84,7 +84,8 @@ def model_tools(source: str):
         base.tools(base.MODEL_TOOLS)
         token = operator_token(host.data, host.name)
         if token:
-            node.upload(name="Hub token (0600)", dest=lay.hf_token_file, content=token + "\n",
+            node.upload(name="Hub token (0400, the fetching service user's)",
+                        dest=lay.hf_token_file, content=token + "\n",
                         owner=host.data.servefleet_user, group="root", mode="400", secret=True)
         else:
             node.absent(name="No hub token (anonymous)", path=lay.hf_token_file)

@@ -139,3 +139,13 @@ def _fault(args) -> int:
 
 
 _COMMANDS = {"serve": _serve, "publish": _publish, "stats": _stats, "fault": _fault}
+
+
+DESCRIPTION = "A local server speaking the Hugging Face hub's file API, for tests, the testbed and benchmarks."
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m servefleet_dev.hub serve|publish|stats|fault ...` (same as `servefleet hub ...`)."""
+    parser = argparse.ArgumentParser(prog="python -m servefleet_dev.hub", description=DESCRIPTION)
+    add_subcommands(parser)
+    return run(parser.parse_args(argv))

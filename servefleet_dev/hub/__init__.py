@@ -12,7 +12,7 @@ Modules:
     api.py      the JSON documents of the /api/ endpoints
     handler.py  the request handler (and what it answers to malformed requests)
     server.py   make_server, running_hub, serve; the bind check (check_address)
-    control.py  clients of the operator endpoints (hub_stats, set_fault, ...) and main()
+    control.py  clients of the operator endpoints (hub_stats, set_fault, ...)
 
 HTTP endpoints (rev is URL-quoted, e.g. refs%2Fpr%2F1):
 
@@ -61,7 +61,7 @@ from servefleet_dev.hub.server import (
     running_hub,
     serve,
 )
-from servefleet_dev.hub.control import clear_faults, hub_stats, main, set_fault, wait_ready
+from servefleet_dev.hub.control import clear_faults, hub_stats, set_fault, wait_ready
 
 __all__ = [
     "LFS_EXTENSIONS", "LFS_THRESHOLD", "REPO_TYPES", "Commit", "FileEntry", "HubStore", "RepoNotFound",
@@ -69,5 +69,5 @@ __all__ = [
     "FaultRule", "Faults", "HubState", "Stats",
     "HubRequestHandler",
     "AddressError", "HubHTTPServer", "check_address", "format_url", "make_server", "running_hub", "serve",
-    "clear_faults", "hub_stats", "main", "set_fault", "wait_ready",
+    "clear_faults", "hub_stats", "set_fault", "wait_ready",
 ]

@@ -1,5 +1,5 @@
 import sys
 
-from servefleet_dev.hub import main
+from servefleet_dev.cli.hub import main
 
 sys.exit(main())

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 import urllib.error
@@ -12,9 +11,7 @@ import urllib.request
 
 # servefleet_dev.cli.hub imports this package in turn (`from servefleet_dev import hub`): the cycle
 # is safe because each side only reads the other's attributes when a command runs, not on import.
-from servefleet_dev.cli import hub as hub_command
 
-DESCRIPTION = "A local server speaking the Hugging Face hub's file API, for tests, the testbed and benchmarks."
 
 
 def _control_call(url: str, method: str, route: str, doc=None):
@@ -59,11 +56,3 @@ def wait_ready(url: str, timeout: float = 10.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m servefleet_dev.hub serve|publish|stats|fault ...` (same as `servefleet hub ...`)."""
-    parser = argparse.ArgumentParser(prog="python -m servefleet_dev.hub", description=DESCRIPTION)
-    hub_command.add_subcommands(parser)
-    args = parser.parse_args(argv)
-    return hub_command.run(args)

@@ -20,15 +20,11 @@ import time
 import traceback
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from servefleet_dev.hub.api import repo_info, tree
 from servefleet_dev.hub.state import FaultRule
 from servefleet_dev.hub.store import Commit, RepoNotFound, RevisionNotFound
-
-if TYPE_CHECKING:  # the server module imports this one
-    from servefleet_dev.hub.server import HubHTTPServer
 
 METHODS = ("GET", "HEAD", "POST", "DELETE")
 _MAX_BODY = 1 << 16  # the operator endpoints take small JSON documents; the file API takes none
@@ -99,7 +95,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     default_request_version = "HTTP/1.0"
     server_version = "servefleet-hub/1"
     timeout = 120  # idle keep-alive connections give their thread back after this
-    server: HubHTTPServer
+    # self.server is server.HubHTTPServer (not imported: that module imports this one); .hub is its HubState
 
     # -- plumbing ----------------------------------------------------------------------------------
 

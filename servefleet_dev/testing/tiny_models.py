@@ -344,7 +344,7 @@ CHATML_TEMPLATE = (
 
 def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
     """A SentencePiece-style vocabulary: specials, ASCII byte-fallback pieces, a few words."""
-    import gguf
+    import gguf  # optional heavy dependency: the GPU probe builds checkpoints without it
 
     tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
     types = [gguf.TokenType.UNKNOWN] + [gguf.TokenType.CONTROL] * 4
@@ -432,7 +432,7 @@ def build_tiny_gguf(path: str | Path, *, layout: str = GGUF_CLEAN, n_layers: int
     blk.{n_layers}.attn_norm.weight. GGUF_FIELD_MISSING_MTP is that defect at the field file's
     depth: block_count 41, nextn 1, blk.0-39 (every 4th block full attention), ~8 MB.
     """
-    import gguf  # imported here so the checkpoint builders work without it
+    import gguf  # optional heavy dependency: the GPU probe builds checkpoints without it
 
     if layout not in GGUF_LAYOUTS:
         raise ValueError(f"layout must be one of {GGUF_LAYOUTS}, not {layout!r}")

@@ -7,6 +7,7 @@ import pytest
 
 from servefleet.core import drift_items as di
 from servefleet.core import llamacpp, vllm
+from servefleet.core.layout import NodeLayout
 from servefleet.core.llamacpp import Builds
 from servefleet.core.models import invalid_record_reason
 from servefleet.facts.models import ModelRecordFiles
@@ -19,6 +20,9 @@ from servefleet_dev.testbed.material import load
 
 SPARK = load("all", "spark", "testbed_spark", "testbed")
 RTX = load("all", "rtx4090", "testbed_rtx4090", "testbed")
+SHA = "0123456789abcdef0123456789abcdef01234567"  # the model revision, resolved to its commit
+SPARK_MODEL = NodeLayout.of(SPARK).model_dir(SPARK["model_repo"], SHA)
+RTX_MODEL = NodeLayout.of(RTX).model_dir(RTX["model_repo"], SHA)
 
 
 @pytest.fixture(autouse=True)
@@ -33,27 +37,27 @@ def states(items):
 # --- unit diff ---------------------------------------------------------------------------------
 
 def test_vllm_unit_renders_from_the_recipe_context():
-    model = vllm.model_dir(SPARK)
-    text = render_unit(vllm_recipe.UNIT_TEMPLATE, vllm.unit_context(SPARK))
+    model = SPARK_MODEL
+    text = render_unit(vllm_recipe.UNIT_TEMPLATE, vllm.unit_context(SPARK, SPARK_MODEL))
     assert f"ExecStart={vllm.executable(SPARK)} serve {model} \\\n" in text
     assert f"    --max-model-len {SPARK['max_model_len']} \\\n" in text
     assert "EnvironmentFile" not in text and text.endswith("WantedBy=multi-user.target\n")
     keyed = render_unit(vllm_recipe.UNIT_TEMPLATE,
-                        vllm.unit_context({**SPARK, "api_key_file": "/k"}))
+                        vllm.unit_context({**SPARK, "api_key_file": "/k"}, SPARK_MODEL))
     assert "EnvironmentFile=/opt/servefleet/etc/vllm.env" in keyed
 
 
 def test_llamacpp_unit_renders_with_the_lint_flag():
-    ctx = llamacpp.unit_context(RTX, override_kv=lambda: "a.b=int:4")
+    ctx = llamacpp.unit_context(RTX, RTX_MODEL, override_kv=lambda: "a.b=int:4")
     text = render_unit(llama_recipe.UNIT_TEMPLATE, ctx)
     assert "    --override-kv a.b=int:4\n" in text
     plain = render_unit(llama_recipe.UNIT_TEMPLATE,
-                        llamacpp.unit_context(RTX, override_kv=lambda: None))
+                        llamacpp.unit_context(RTX, RTX_MODEL, override_kv=lambda: None))
     assert "--override-kv" not in plain
 
 
 def test_unit_diff_shows_the_changed_lines_with_context():
-    rendered = render_unit(vllm_recipe.UNIT_TEMPLATE, vllm.unit_context(SPARK))
+    rendered = render_unit(vllm_recipe.UNIT_TEMPLATE, vllm.unit_context(SPARK, SPARK_MODEL))
     edited = [line.replace("RestartSec=10", "RestartSec=3") for line in rendered.splitlines()]
     edited.append("# a local note")
     diff = di.unit_diff(rendered, edited, "/etc/systemd/system/x.service")

@@ -21,6 +21,13 @@ from servefleet_dev.testing.tiny_models import (
 
 # The file the llama.cpp recipe uploads to a node (servefleet/recipes/llamacpp.py LINT_SOURCE).
 GGUF_LINT_SCRIPT = Path(_gguf_lint_module.__file__)
+GGUF_HEADER_SCRIPT = GGUF_LINT_SCRIPT.with_name("gguf_header.py")
+
+
+def node_copy(tmp_path) -> Path:
+    """The two files as the recipe uploads them to bin/ (the lint imports its sibling)."""
+    shutil.copy(GGUF_HEADER_SCRIPT, tmp_path / "gguf_header.py")
+    return Path(shutil.copy(GGUF_LINT_SCRIPT, tmp_path / "servefleet-gguf-lint"))
 
 FIELD_FLAG = "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0"
 SPEC_KEYS = {"arch", "block_count", "highest_block", "nextn_predict_layers", "defect", "override_kv"}
@@ -126,12 +133,12 @@ def test_inspect_rejects_a_file_that_is_not_gguf(tmp_path, capsys):
 
 def test_standalone_script_needs_only_gguf_and_stdlib(tiny, tmp_path):
     """What a node runs: a copy of the module, with servefleet not importable."""
-    script = shutil.copy(GGUF_LINT_SCRIPT, tmp_path / "gguf_lint.py")
+    script = node_copy(tmp_path)
     blocker = "import sys, runpy; sys.modules['servefleet'] = None; sys.argv = sys.argv[1:]; " \
               "runpy.run_path(sys.argv[0], run_name='__main__')"
 
     def run(*args):
-        return subprocess.run([sys.executable, "-c", blocker, str(script), *args],
+        return subprocess.run([sys.executable, "-I", "-c", blocker, str(script), *args],
                               capture_output=True, text=True, check=True).stdout
 
     out = json.loads(run(str(tiny[GGUF_MISSING_MTP])))
@@ -241,7 +248,7 @@ def test_field_gguf_lint_gives_the_field_flag(field, tmp_path):
     assert lint.defect == UNCOUNTED_BLOCKS_MISSING
     assert override_kv_flag(lint) == FIELD_FLAG
     # The copy a node runs says the same.
-    script = shutil.copy(GGUF_LINT_SCRIPT, tmp_path / "gguf_lint.py")
-    out = subprocess.run([sys.executable, str(script), "--flag", str(field)], capture_output=True,
+    script = node_copy(tmp_path)
+    out = subprocess.run([sys.executable, "-I", str(script), "--flag", str(field)], capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == FIELD_FLAG

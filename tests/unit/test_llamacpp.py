@@ -6,23 +6,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jinja2
 import pytest
 
-from servefleet import llamacpp, schema
-from servefleet.operations import llamacpp as ops
-from servefleet.groupdata import load as group_data
+from servefleet.core import llamacpp
+from servefleet.core import llamacpp as ops
+from servefleet.core.data import HostData, Layer, validate
+from servefleet.core.errors import DataError
+from servefleet.core.lint import gguf_lint
+from servefleet.core.systemd import render_unit
+from servefleet.facts.llamacpp import GgufLint, LlamaBuilds
+from servefleet_dev.testbed.material import load as group_data
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "files" / "llamacpp"
+LINT_SCRIPT = Path(gguf_lint.__file__)
+MODEL_DIR = "/opt/servefleet/models/gaoqianshen--Qwen-AgentWorld-35B-A3B-Q4_K_M-GGUF/" + "a" * 40
 
 
-class FakeHost:
-    def __init__(self, name, data):
-        self.name = name
-        self.data = data
-
-
+def check(data: dict, groups=("rtx4090",)):
+    validate(HostData("rtx4090-1", list(groups), [Layer("group_data", data)]),
+             "serve_q4_llamacpp")
 
 
 PROD = ("all", "rtx4090")
@@ -33,15 +36,7 @@ TESTBED = ("all", "rtx4090", "testbed_rtx4090", "testbed")
 
 @pytest.mark.parametrize("groups", [PROD, TESTBED])
 def test_shipped_data_is_valid(groups):
-    schema.validate(FakeHost("rtx4090-1", group_data(*groups)), {**schema.BASE, **llamacpp.KEYS})
-
-
-def test_every_recipe_key_has_a_commented_default_in_rtx4090():
-    text = (ROOT / "group_data/rtx4090.py").read_text()
-    for key in llamacpp.KEYS:
-        line = next((l for l in text.splitlines() if l.startswith(f"{key} =")), None)
-        assert line is not None, f"{key} has no default in group_data/rtx4090.py"
-        assert "#" in line, f"{key} has no comment in group_data/rtx4090.py"
+    check(group_data(*groups), groups[1:])
 
 
 def test_production_pins_and_flags():
@@ -73,8 +68,8 @@ def test_testbed_builds_for_cpu_only():
 ])
 def test_bad_recipe_values_are_data_errors(key, value):
     data = group_data(*PROD) | {key: value}
-    with pytest.raises(schema.DataError, match=repr(key)):
-        schema.validate(FakeHost("rtx4090-1", data), {**schema.BASE, **llamacpp.KEYS})
+    with pytest.raises(DataError, match=repr(key)):
+        check(data)
 
 
 # --- build identity ------------------------------------------------------------------------------
@@ -111,14 +106,6 @@ def _builds(names_dates, current):
                       current=f"/opt/sf/llama.cpp/{current}" if current else None)
 
 
-def test_prune_keeps_current_the_new_build_and_the_newest():
-    b = _builds([("a", "2026-01-01"), ("b", "2026-01-02"), ("c", "2026-01-03"), ("d", "2026-01-04")], "a")
-    assert ops.builds_to_prune(b, keep=2) == ["c", "b"]  # a (current) and d (newest) stay
-    assert ops.builds_to_prune(b, keep=2, keep_names=("b",)) == ["d", "c"]
-    assert ops.builds_to_prune(b, keep=4) == []
-    assert ops.builds_to_prune(b, keep=1) == ["d", "c", "b"]
-
-
 def test_nvcc_parse_and_build_problems():
     out = ["/usr/local/cuda/bin/nvcc", "nvcc: NVIDIA (R) Cuda compiler driver",
            "Cuda compilation tools, release 13.0, V13.0.48"]
@@ -140,6 +127,9 @@ def test_nvcc_parse_and_build_problems():
 
 # --- the GGUF lint fact, on real files ----------------------------------------------------------
 
+USER = "root"  # the lint runs as the service user on nodes (runuser); as root here
+
+
 def _run_fact(fact, **kwargs):
     cmd = fact.command(**kwargs)
     out = subprocess.run(["sh", "-c", str(cmd)], capture_output=True, text=True)
@@ -155,19 +145,19 @@ def test_lint_fact_gives_one_comma_separated_flag(tmp_path, layout, flag):
     from servefleet_dev.testing.tiny_models import build_tiny_gguf
 
     path = build_tiny_gguf(tmp_path / "m.gguf", layout=layout)
-    lint = _run_fact(ops.GgufLint(), python=sys.executable, script=str(llamacpp.LINT_SCRIPT),
-                     path=str(path))
+    lint = _run_fact(GgufLint(), python=sys.executable, script=str(LINT_SCRIPT),
+                     path=str(path), user=USER)
     assert lint == ops.Lint("ok", flag)
 
 
 def test_lint_fact_before_download_and_on_a_broken_file(tmp_path):
-    kw = dict(python=sys.executable, script=str(llamacpp.LINT_SCRIPT))
-    assert _run_fact(ops.GgufLint(), path=str(tmp_path / "none.gguf"), **kw).state == "absent"
-    assert _run_fact(ops.GgufLint(), path=__file__, python="/nonexistent/python",
-                     script=str(llamacpp.LINT_SCRIPT)).state == "nolint"
+    kw = dict(python=sys.executable, script=str(LINT_SCRIPT), user=USER)
+    assert _run_fact(GgufLint(), path=str(tmp_path / "none.gguf"), **kw).state == "absent"
+    assert _run_fact(GgufLint(), path=__file__, python="/nonexistent/python",
+                     script=str(LINT_SCRIPT), user=USER).state == "nolint"
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 10)
-    lint = _run_fact(ops.GgufLint(), path=str(bad), **kw)
+    lint = _run_fact(GgufLint(), path=str(bad), **kw)
     assert lint.state == "error" and "gguf_lint" in lint.detail
 
 
@@ -177,21 +167,33 @@ def test_real_defect_gives_the_field_flag(tmp_path):
     from servefleet_dev.testing.tiny_models import GGUF_FIELD_MISSING_MTP, build_tiny_gguf
 
     path = build_tiny_gguf(tmp_path / "field.gguf", layout=GGUF_FIELD_MISSING_MTP)
-    lint = _run_fact(ops.GgufLint(), python=sys.executable, script=str(llamacpp.LINT_SCRIPT),
-                     path=str(path))
+    lint = _run_fact(GgufLint(), python=sys.executable, script=str(LINT_SCRIPT),
+                     path=str(path), user=USER)
     assert lint == ops.Lint("ok", "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0")
 
 
 # --- the unit ------------------------------------------------------------------------------------
 
 def _render(data, kv):
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(FILES)), keep_trailing_newline=True)
-    return env.get_template("servefleet-llama.service.j2").render(
-        llamacpp.unit_context(data, override_kv=lambda: kv))
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # templates and their includes resolve against the project
+    try:
+        return render_unit("files/llamacpp/servefleet-llama.service.j2",
+                           llamacpp.unit_context(data, MODEL_DIR, override_kv=lambda: kv))
+    finally:
+        os.chdir(cwd)
 
 
 def _exec_start(unit):
-    return next(l for l in unit.splitlines() if l.startswith("ExecStart=")).split()
+    """ExecStart= with its continuation lines, as one argv."""
+    lines = unit.splitlines()
+    i = next(n for n, l in enumerate(lines) if l.startswith("ExecStart="))
+    words = []
+    for line in lines[i:]:
+        words += line.rstrip("\\").split()
+        if not line.endswith("\\"):
+            break
+    return words
 
 
 def test_unit_with_the_lint_flag_and_a_key():
@@ -199,19 +201,20 @@ def test_unit_with_the_lint_flag_and_a_key():
     flag = "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0"
     unit = _render(data, flag)
     argv = _exec_start(unit)
-    assert argv[0] == "ExecStart=/opt/servefleet/llama.cpp/current/bin/llama-server"
-    assert argv[argv.index("-m") + 1] == \
-        "/opt/servefleet/models/gaoqianshen/Qwen-AgentWorld-35B-A3B-Q4_K_M-GGUF/qwen-agentworld-35b-a3b-q4_k_m.gguf"
+    assert argv[0] == f"ExecStart=/opt/servefleet/llama.cpp/{llamacpp.build_name(data)}/bin/llama-server"
+    assert argv[argv.index("-m") + 1] == f"{MODEL_DIR}/qwen-agentworld-35b-a3b-q4_k_m.gguf"
     assert argv[argv.index("-c") + 1] == "65536"
     assert argv.count("--override-kv") == 1 and argv[argv.index("--override-kv") + 1] == flag
-    assert argv[argv.index("--api-key-file") + 1] == "/opt/servefleet/etc/llama-api-key"
+    assert argv[argv.index("--api-key-file") + 1] == "%d/api-key"  # systemd's credential
+    assert "LoadCredential=api-key:/opt/servefleet/etc/api-key" in unit.splitlines()
     assert argv[argv.index("--port") + 1] == "8080" and argv[argv.index("--host") + 1] == "127.0.0.1"
     assert argv[-2:] == ["--n-gpu-layers", "all"]
-    for line in ("User=servefleet", "Environment=GGML_CUDA_NO_PINNED=1", "Environment=HF_HUB_OFFLINE=1",
-                 "Restart=on-failure"):
+    for line in ("User=servefleet", 'Environment="GGML_CUDA_NO_PINNED=1"',
+                 'Environment="HF_HUB_OFFLINE=1"', "Restart=on-failure", "MemoryDenyWriteExecute=yes",
+                 "DevicePolicy=closed", "DeviceAllow=/dev/nvidiactl rw"):
         assert line in unit.splitlines()
-    pre = next(l for l in unit.splitlines() if l.startswith("ExecStartPre="))
-    assert pre.endswith("--gpu") and f"--context-bytes {int(1.75 * 1024**3)}" in pre
+    pre = unit.split("ExecStartPre=", 1)[1].split("\nExecStart=", 1)[0]
+    assert pre.rstrip().endswith("--gpu") and f"--context-bytes {int(1.75 * 1024**3)}" in pre
 
 
 def test_unit_for_a_correct_gguf_without_key_or_gpu():
@@ -219,22 +222,9 @@ def test_unit_for_a_correct_gguf_without_key_or_gpu():
     unit = _render(data, None)
     argv = _exec_start(unit)
     assert "--override-kv" not in argv and "--api-key-file" not in argv
-    assert "--override-kv" not in unit
-    pre = next(l for l in unit.splitlines() if l.startswith("ExecStartPre="))
+    assert "--override-kv" not in unit and "DeviceAllow" not in unit
+    pre = unit.split("ExecStartPre=", 1)[1].split("\nExecStart=", 1)[0]
     assert "--gpu" not in pre
-
-
-def test_unreadable_api_key_file_is_a_data_error(tmp_path):
-    with pytest.raises(schema.DataError, match="cannot be read"):
-        llamacpp.read_api_key(str(tmp_path / "nope"), "rtx4090-1")
-    (tmp_path / "k").write_text("  sk-123\n")
-    assert llamacpp.read_api_key(str(tmp_path / "k"), "rtx4090-1") == "sk-123"
-
-
-def test_check_host_reaches_a_wildcard_on_loopback():
-    assert llamacpp.check_host({"service_host": "0.0.0.0"}) == "127.0.0.1"
-    assert llamacpp.check_host({"service_host": "10.0.0.5"}) == "10.0.0.5"
-    assert llamacpp.check_host({"service_host": "::1"}) == "[::1]"
 
 
 # --- ExecStartPre preflight ----------------------------------------------------------------------
@@ -353,7 +343,7 @@ def test_build_script_installs_a_prefix_with_its_record(tmp_path, src_repo):
     assert os.access(d / "b1-x" / "bin" / "llama-server", os.X_OK)
     assert not (d / "build").exists() and not (d / "b1-x.partial").exists()
     # The fact reads what the script wrote.
-    builds = _run_fact(ops.LlamaBuilds(), root=str(tmp_path / "node"))
+    builds = _run_fact(LlamaBuilds(), llama_dir=str(tmp_path / "node" / "llama.cpp"))
     assert builds.records["b1-x"]["commit"] == sha and builds.current is None
 
 

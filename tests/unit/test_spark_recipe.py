@@ -30,6 +30,7 @@ from servefleet.recipes import vllm as recipe
 from servefleet.recipes.service import render_unit as render_template
 from servefleet_dev.testing.tiny_models import AGENTWORLD_CONFIG, build_tiny_checkpoint
 
+MODEL = "/opt/servefleet/models/Qwen--Qwen-AgentWorld-35B-A3B/" + "0" * 40
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 PYINFRA = shutil.which("pyinfra", path=str(Path(sys.executable).parent)) or "pyinfra"
@@ -78,12 +79,14 @@ def test_bad_values_are_named():
 def test_paths(spark):
     assert vllm.venv_path(spark) == "/opt/servefleet/venvs/vllm-0.24.0"
     assert vllm.venv_path({**spark, "vllm_version": "0.26.0"}).endswith("/venvs/vllm-0.26.0")
-    # One directory per repo and revision (the previous revision stays servable).
-    assert vllm.model_dir(spark) == "/opt/servefleet/models/Qwen--Qwen-AgentWorld-35B-A3B/main"
-    assert vllm.model_dir({**spark, "model_revision": "refs/pr/1"}).endswith("/refs~pr~1")
+    # One directory per repo and commit (the previous release's model stays servable).
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    assert NodeLayout.of(spark).model_dir(spark["model_repo"], sha) == \
+        f"/opt/servefleet/models/Qwen--Qwen-AgentWorld-35B-A3B/{sha}"
     moved = {**spark, "servefleet_root": "/srv/sf", "models_root": "/data/models"}
     assert vllm.venv_path(moved) == "/srv/sf/venvs/vllm-0.24.0"
-    assert vllm.model_dir(moved) == "/data/models/Qwen--Qwen-AgentWorld-35B-A3B/main"
+    assert NodeLayout.of(moved).model_dir(spark["model_repo"], sha) == \
+        f"/data/models/Qwen--Qwen-AgentWorld-35B-A3B/{sha}"
 
 
 # --- versions ----------------------------------------------------------------------------------
@@ -167,7 +170,7 @@ def test_exec_line_quotes_for_systemd():
 @pytest.mark.parametrize("key", [None, "/tmp/api-key"])
 def test_unit_template(spark, key, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)  # templates and their includes resolve against the project
-    unit = render_template(recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "api_key_file": key}))
+    unit = render_template(recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "api_key_file": key}, MODEL))
     lines = unit.splitlines()
     for expected in ("User=servefleet", 'Environment="HF_HUB_OFFLINE=1"', "Restart=on-failure",
                      "StandardOutput=journal", "StandardError=journal", "ProtectSystem=strict",
@@ -180,7 +183,7 @@ def test_unit_template(spark, key, monkeypatch):
     assert "MemoryDenyWriteExecute=yes" not in unit  # vLLM's JIT compilers need W+X memory
     # GPU nodes: the NVIDIA devices, and only them, behind DevicePolicy=closed.
     assert ("DeviceAllow=/dev/nvidiactl rw" in lines) is True
-    cpu = render_template(recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "require_gpu": False}))
+    cpu = render_template(recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "require_gpu": False}, MODEL))
     assert "DeviceAllow" not in cpu
     service = unit.split("[Service]")[1].split("[Install]")[0]
     assert "\n\n" not in service.strip()

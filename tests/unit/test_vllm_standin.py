@@ -322,7 +322,7 @@ def test_help_prints_the_captured_text(tmp_path):
 def test_fail_versions_switch_crashes_every_start(tmp_path, model_dir):
     fail = tmp_path / "fail-versions"
     fail.write_text("0.26.0\n0.24.0\n")
-    recorded = (FIXTURES / "0.24.0_eager_patched.vllm.log").read_text().splitlines()
+    recorded = (FIXTURES / "0.24.0_4096_2GiB.vllm.log").read_text().splitlines()
     for attempt in range(2):  # every start, as systemd's Restart=on-failure would see it
         port = free_port()
         run = Run(tmp_path / f"run{attempt}", serve_argv(model_dir, port),

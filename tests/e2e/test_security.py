@@ -1,0 +1,170 @@
+"""Safe on a real fleet, checked on the testbed's nodes (reached as a sudo user):
+
+- the service user can change nothing that root runs: under the node root, nothing outside the
+  declared writable directories is owned by it or writable for it, and every executable root
+  runs in a converge, a drift check or a status is outside them and root's;
+- the API key is in no command pyinfra runs (its debug log), in no process's command line on
+  the node during the health check and smoke test, not in `--diff`, and its files are 0600 from
+  the first byte, also when written through sudo;
+- both units are hardened: `systemd-analyze security` scores them <= 2.5.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import yaml
+
+from servefleet_dev.testbed import hosts as tb_hosts
+from servefleet_dev.testbed import material
+from servefleet_dev.testbed.state import load_state
+from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
+
+pytestmark = pytest.mark.e2e
+ROOT = "/opt/servefleet"
+WRITABLE = (f"{ROOT}/cache", f"{ROOT}/models")
+NODES = {"spark-1": "deploys/serve_bf16.py", "rtx4090-1": "deploys/serve_q4_llamacpp.py"}
+KEY = "sk-security-" + "7f3a9c21e8b4"
+
+
+@pytest.fixture(scope="module")
+def served(testbed):
+    material.prepare()
+    for host, deploy in NODES.items():
+        run = pyinfra("inventory/testbed.py", deploy, limit=host, timeout=3600)
+        assert run.returncode == 0, run.output[-3000:]
+    return testbed
+
+
+@pytest.mark.parametrize("host", list(NODES))
+def test_nothing_root_runs_is_the_service_users(served, th, host):
+    h = th(host)
+    prune = " ".join(f"-path {d} -prune -o" for d in WRITABLE)
+    # Owned by the service user, or writable by its group or by anyone, outside its dirs.
+    found = h.check_output(f"find {ROOT} -xdev {prune} \\( -user servefleet -o -group servefleet "
+                           f"-perm -g+w -o -perm -o+w \\) ! -type l -print")
+    assert found == "", found
+    for d in WRITABLE:  # the declared writable dirs are the service's, and nothing above them
+        assert h.file(d).user == "servefleet"
+    # Every executable root runs: root-owned, not writable by others, outside the writable dirs.
+    executables = h.check_output(
+        f"ls -d {ROOT}/bin/* {ROOT}/tools/venv/bin/python* {ROOT}/tools/venv/bin/uv "
+        f"{ROOT}/venvs/*/bin/python* 2>/dev/null || true").split()
+    if host == "spark-1":
+        executables.append(material.SPARK["vllm_executable"])
+    assert executables
+    for path in executables:
+        real = h.check_output(f"readlink -f {path}")
+        assert not real.startswith(WRITABLE), real
+        stat = h.check_output(f"stat -c '%U %a' {real}").split()
+        assert stat[0] == "root" and int(stat[1][-2]) & 2 == 0 and int(stat[1][-1]) & 2 == 0, \
+            (real, stat)
+    # Tried as the service user: root's venv cannot be swapped.
+    denied = h.run(f"runuser -u servefleet -- sh -c 'echo x > {ROOT}/tools/venv/bin/evil'")
+    assert denied.rc != 0 and not h.file(f"{ROOT}/tools/venv/bin/evil").exists
+
+
+class Sampler:
+    """Every process's command line on a node, sampled in a loop while a converge runs."""
+
+    def __init__(self, host: str):
+        rec = load_state().hosts[host]
+        loop = ("while :; do cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; "
+                "sleep 0.05; done")
+        self.proc = subprocess.Popen([*tb_hosts.ssh_args(rec), loop], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def stop(self) -> str:
+        self.proc.kill()
+        self.thread.join(timeout=10)
+        return "".join(self.lines)
+
+
+class ModeWatch:
+    """Modes and sizes of the key files (and servefleet's upload staging) as they appear."""
+
+    def __init__(self, host: str):
+        rec = load_state().hosts[host]
+        loop = (f"while :; do stat -c '%a %s %U %n' {ROOT}/etc/api-key* {ROOT}/etc/vllm.env* "
+                "/tmp/servefleet-upload.*/content /tmp/pyinfra-* 2>/dev/null; done")
+        self.proc = subprocess.Popen([*tb_hosts.ssh_args(rec), loop], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout),
+                                       daemon=True)
+        self.thread.start()
+
+    def stop(self) -> list[str]:
+        self.proc.kill()
+        self.thread.join(timeout=10)
+        return self.lines
+
+
+@pytest.mark.parametrize("host", list(NODES))
+def test_the_api_key_stays_out_of_argv_logs_diff_and_other_eyes(served, th, host, tmp_path):
+    key = tmp_path / "api-key"
+    key.write_text(KEY + "\n")
+    h = th(host)
+    h.run(f"rm -f {ROOT}/etc/api-key {ROOT}/etc/vllm.env")
+    sampler, watch = Sampler(host), ModeWatch(host)
+    time.sleep(1)
+    try:
+        # --debug: pyinfra logs every command it runs; --diff: what it would print of files.
+        run = pyinfra("inventory/testbed.py", NODES[host], "--debug", "--diff", limit=host,
+                      data={"api_key_file": str(key)}, timeout=1800)
+    finally:
+        seen = sampler.stop()
+        modes = watch.stop()
+    assert run.returncode == 0, run.output[-3000:]
+    assert KEY not in run.output  # no command, no diff, no log line holds it
+    assert seen.count("servefleet-health") > 0, "the sampler missed the health check"
+    assert KEY not in seen  # no process's command line on the node
+    assert seen and len(seen.splitlines()) > 20
+    # 0600 (root) from the first byte: no observed moment where a key file held bytes while
+    # readable by others; the staging file lives in a 0700 directory of the login user.
+    for line in modes:
+        mode, size, owner, name = line.split(maxsplit=3)
+        if int(size) > 0 and "servefleet-upload" not in name:
+            assert mode == "600" and owner == "root", line
+        if "/tmp/pyinfra-" in name:
+            assert KEY not in h.run(f"cat {name} 2>/dev/null").stdout
+    staged = [line for line in modes if "servefleet-upload" in line]
+    for line in staged:
+        assert line.split()[0] in ("600", "644", "400"), line  # inside a 0700 directory
+    back = pyinfra("inventory/testbed.py", NODES[host], limit=host, timeout=1800)
+    assert back.returncode == 0, back.output[-3000:]
+
+
+@pytest.mark.parametrize("host,unit", [("spark-1", "servefleet-vllm.service"),
+                                       ("rtx4090-1", "servefleet-llama.service")])
+def test_units_are_hardened(served, th, host, unit):
+    out = th(host).check_output(f"systemd-analyze security {unit} --no-pager")
+    score = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", out).group(1))
+    print(f"[security] {unit} on {host}: exposure {score}")
+    assert score <= 2.5, out[-2000:]
+    assert th(host).service(unit).is_running  # and it still serves, hardened
+
+
+def test_host_key_checking_off_is_warned_loudly(served, fleet_file, tmp_path):
+    path = fleet_file({"depot-1": ("depot", {})})
+    fleet = yaml.safe_load(open(path))
+    fleet["hosts"][0]["ssh_strict_host_key_checking"] = "no"
+    open(path, "w").write(yaml.safe_dump(fleet))
+    run = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "inventory/depot.py",
+                          "deploys/base.py"], cwd=REPO_ROOT, capture_output=True, text=True,
+                         env={**os.environ, "SERVEFLEET_FLEET": path}, timeout=600)
+    out = run.stdout + run.stderr
+    assert out.count("WARNING: SSH host-key checking is OFF for depot-1") == 1
