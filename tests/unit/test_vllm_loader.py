@@ -42,9 +42,12 @@ def probe(venv: Path, cwd: Path, *args: str) -> dict:
 
 
 def vllm_patch(op: str, venv: Path, cwd: Path) -> None:
+    # From the project, as an operator's pyinfra runs (files/ resolves there); `apply` uploads its
+    # applier and the patch into a root-owned work directory (servefleet's bin/ on a node).
+    args = [f"venv={venv}"] + ([f"workdir={cwd}"] if op == "apply" else [])
     done = subprocess.run(
-        [PYINFRA, "@local", f"servefleet.operations.vllm_patch.{op}", f"venv={venv}", "-y"],
-        cwd=cwd,
+        [PYINFRA, "@local", f"servefleet.operations.vllm_patch.{op}", *args, "-y"],
+        cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,
         timeout=120,
