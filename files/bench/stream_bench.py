@@ -10,6 +10,7 @@ TTFT = first content chunk - request sent; decode tok/s = (completion_tokens - 1
 import argparse
 import http.client
 import json
+import os
 import statistics
 import time
 import urllib.parse
@@ -74,7 +75,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     args = ap.parse_args()
     headers = {}
-    if args.api_key_file:
+    # The node's key file (etc/api-key, root 0600); a node without an API key has none.
+    if args.api_key_file and os.path.exists(args.api_key_file):
         headers["Authorization"] = "Bearer " + open(args.api_key_file).read().strip()
     unit = " hello"
     repeats = max(1, int(args.prompt_tokens / tokens_per_unit(args.url, headers, unit)))

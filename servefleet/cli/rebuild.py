@@ -1,4 +1,4 @@
-"""`servefleet rebuild INVENTORY DEPLOY --limit HOST [--purge-models] [--yes] [--json]`.
+"""`servefleet rebuild INVENTORY DEPLOY --limit HOST [--data K=V] [--purge-models] [--yes] [--json]`.
 
 Stops the services, removes venvs, builds, units, state and release records (the models are
 kept unless --purge-models), then converges DEPLOY, through pyinfra's API. Acts only on the
@@ -13,6 +13,7 @@ import logging
 import sys
 from dataclasses import asdict
 
+from servefleet.cli.drift import parse_data
 from servefleet.core.errors import Exit
 from servefleet.verbs import rebuild
 
@@ -24,6 +25,8 @@ def register(sub) -> None:
     p.add_argument("--limit", action="append", required=True, help="host (repeatable)")
     p.add_argument("--max-hosts", type=int, default=1,
                    help="refuse when --limit selects more hosts than this (default 1)")
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                   help="override data, as pyinfra's --data (for the converge and the teardown)")
     p.add_argument("--purge-models", action="store_true", help="also delete the models")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -36,7 +39,8 @@ def _say(msg):
 
 def run(args) -> int:
     logging.getLogger("pyinfra").setLevel(logging.ERROR)
-    planned = rebuild.plan(args.inventory, args.limit, args.max_hosts)
+    data = parse_data(args.data)
+    planned = rebuild.plan(args.inventory, args.limit, args.max_hosts, data)
     if planned.exit_code != Exit.OK:
         _say(planned.message)
         return int(planned.exit_code)
@@ -47,7 +51,7 @@ def run(args) -> int:
         if answer.strip().lower() != "yes":
             _say("cancelled; nothing was changed")
             return int(Exit.DIFFERS)
-    result = rebuild.rebuild(args.inventory, args.deploy, planned.hosts, args.purge_models)
+    result = rebuild.rebuild(args.inventory, args.deploy, planned.hosts, args.purge_models, data)
     if args.json:
         print(json.dumps({"hosts": result.hosts, "purge_models": args.purge_models,
                           "teardown": {n: asdict(o) for n, o in result.teardown.items()},

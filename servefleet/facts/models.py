@@ -29,7 +29,9 @@ class VerifiedModel(_ModelRecordBase):
 class ModelRecordFiles(_ModelRecordBase):
     """The raw read: (record or None, {path: size on disk}), to say why a record is invalid."""
 
-    default = lambda: (None, {})  # noqa: E731
+    @staticmethod
+    def default():
+        return None, {}
 
     def process(self, output):
         return split_record(output)

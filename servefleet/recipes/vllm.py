@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyinfra import host
+from pyinfra.operations import files
 from pyinfra.api import deploy
 
 from servefleet.core import vllm as logic
@@ -53,6 +54,10 @@ def python_env() -> PythonEnv:
         name=f"torch=={data['torch_version']} vllm=={data['vllm_version']}, read back",
         venv=venv, uv=uv, pins=logic.pins(data), torch_cuda=data["torch_cuda"],
         sources=source_args(data), no_deps=data["python_no_deps"], env=logic.uv_env(data))
+    # uv leaves its install lock in the venv, writable by all: root runs this venv's vllm and
+    # python, so nothing in it may be writable by anyone but root.
+    files.file(name=f"{venv}/.lock: root's, 0644", path=f"{venv}/.lock", user="root",
+               group="root", mode="644")
     return PythonEnv(venv=venv, create=create, install=install)
 
 

@@ -46,8 +46,8 @@ def bench_host(host, runs: int, prompt_tokens: int, max_tokens: int) -> NodeResu
             "--prompt-tokens", str(prompt_tokens), "--max-tokens", str(max_tokens)]
     if data.get("served_model_name"):
         args += ["--model", data["served_model_name"]]
-    if data.get("api_key_file"):
-        args += ["--api-key-file", lay.api_key_file]
+    # The key the node serves with, read there (the operator may not hold the key file).
+    args += ["--api-key-file", lay.api_key_file]
     ok, out, err = run(host, " ".join(shlex.quote(a) for a in args))
     if not ok:
         lines = (err or out).strip().splitlines()

@@ -20,9 +20,9 @@ class RebuildResult:
     converge: dict = field(default_factory=dict)
 
 
-def plan(inventory: str, limit: list[str], max_hosts: int) -> RebuildResult:
+def plan(inventory: str, limit: list[str], max_hosts: int, data: dict | None = None) -> RebuildResult:
     """Which hosts a rebuild would act on, or why it refuses (nothing changed)."""
-    with api.session(inventory, limit, check_for_changes=False) as sess:
+    with api.session(inventory, limit, data, check_for_changes=False) as sess:
         names = sorted(h.name for h in sess.targets)
         unreachable = dict(sess.unreachable)
     if not names:
@@ -38,13 +38,15 @@ def plan(inventory: str, limit: list[str], max_hosts: int) -> RebuildResult:
     return RebuildResult(names, Exit.OK)
 
 
-def rebuild(inventory: str, deploy: str, names: list[str], purge_models: bool) -> RebuildResult:
+def rebuild(inventory: str, deploy: str, names: list[str], purge_models: bool,
+            data: dict | None = None) -> RebuildResult:
     result = RebuildResult(names, Exit.OK)
-    result.teardown = api.converge(inventory, TEARDOWN, names, {"purge_models": purge_models})
+    result.teardown = api.converge(inventory, TEARDOWN, names,
+                                  {**(data or {}), "purge_models": purge_models})
     if not all(o.ok for o in result.teardown.values()):
         result.exit_code, result.message = Exit.DIFFERS, "teardown failed; not converging"
         return result
-    result.converge = api.converge(inventory, deploy, names)
+    result.converge = api.converge(inventory, deploy, names, data)
     if not all(o.ok for o in result.converge.values()):
         result.exit_code = Exit.DIFFERS
         result.message = "converge failed on " + ", ".join(

@@ -208,7 +208,7 @@ def test_deleted_model_file(recipes, th):
     model = model_dir(th(SPARK))
     th(SPARK).run(f"rm {model}/{SHARD}")
     rc, report = drift(BF16, SPARK)
-    assert rc == 1
+    assert rc == 1, json.dumps(report, indent=1)[-3000:]
     (item,) = drifted(report, SPARK).values()
     assert item["name"] == f"model Qwen/Qwen-AgentWorld-35B-A3B in {model}"
     assert item["found"] == f"no verified copy (missing: {SHARD})"

@@ -44,8 +44,10 @@ def drift_items(deploy: str, host: str, role: str):
         found = i["found"]
         if i["name"] in ("release", "running release"):  # ids and times are the host's own
             found = found.split(" (")[0]
-        items.append((i["name"], i["state"], i["expected"].split(" (")[0]
-                      if i["name"] == "running release" else i["expected"], found))
+        expected = i["expected"].split(" (")[0] if i["name"] == "running release" else i["expected"]
+        # Items name the host they were rendered for ("... rendered for spark-1"): compare the rest.
+        items.append(tuple(str(v).replace(host, "<host>")
+                           for v in (i["name"], i["state"], expected, found)))
     return out.returncode, items
 
 

@@ -3,6 +3,7 @@ real llama-server of the 4090 recipe and the vLLM engine stand-in under the real
 an API key; through the sudo user like every other verb."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ CLI = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(
 
 def cli(*args, env=None):
     return subprocess.run([*CLI, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=900, env=env)
+                          timeout=900, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,10 @@ def keyed(testbed, tmp_path_factory):
 def test_bench_measures_a_key_protected_node(keyed, host, th):
     # The key is refused without it: the bench below must send it (from the node's key file).
     port = 8080 if host == LLAMA else 8000
-    assert th(host).check_output(f"curl -s -o /dev/null -w '%{{http_code}}' "
-                                 f"http://127.0.0.1:{port}/v1/models") == "401"
+    # (llama-server leaves /health and /v1/models public: ask for a completion.)
+    assert th(host).check_output(f"curl -s -o /dev/null -w '%{{http_code}}' -X POST "
+                                 f"-H 'Content-Type: application/json' -d '{{}}' "
+                                 f"http://127.0.0.1:{port}/v1/chat/completions") == "401"
     out = cli("bench", "inventory/testbed.py", "--limit", host, "--runs", "3",
               "--prompt-tokens", "256", "--max-tokens", "32", "--json")
     assert out.returncode == 0, out.stderr + out.stdout

@@ -16,6 +16,7 @@ from servefleet.core.errors import DataError
 from servefleet_dev import hub
 from servefleet_dev.testbed.material import load as group_data
 from servefleet_dev.testing.tiny_models import build_tiny_checkpoint
+from servefleet.facts.models import ModelRecordFiles
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "acme/tiny-model"
@@ -283,3 +284,9 @@ def test_rsync_stats():
             "Matched data: 5,678,856 bytes\nTotal bytes received: 2,694,122\n")
     stats = fm.rsync_stats(text)
     assert stats["Matched data"] == 5_678_856 and stats["Total bytes received"] == 2_694_122
+
+
+def test_model_record_fact_default_when_the_node_has_no_record():
+    # pyinfra calls default() on the fact instance when the command printed nothing or failed
+    # (a deleted shard): it must give "no record", not raise.
+    assert ModelRecordFiles().default() == (None, {})
