@@ -31,6 +31,7 @@ python_no_deps = False  # install pinned wheels without their dependency closure
 # --- Service --------------------------------------------------------------------------------
 service_state = "running"  # running | stopped: stopped provisions everything but starts nothing
 service_enabled = True  # start the service at boot
+service_syscall_filter = ["@system-service"]  # the units' SystemCallFilter= (allow list first, then "~@group" removals); checked by the sandbox probe before each restart
 service_host = "127.0.0.1"  # address the API binds to; any other than loopback requires api_key_file
 service_port = 8000  # port of the OpenAI-compatible API
 api_key_file = None  # operator-side file holding the API key (one line); None: no key (loopback only)

@@ -58,6 +58,13 @@ _DEPOT_MODEL = c.Check(
         and c.REPO_ID.ok(m.get("repo_id"))
         and (m.get("revision") is None or c.REVISION.ok(m["revision"]))
         and (m.get("include") is None or _MODEL_INCLUDE.ok(m["include"])) for m in v))
+# SystemCallFilter= words: an allow list (the first word allows), `~` words remove from it.
+_SYSCALL_FILTER = c.Check(
+    'a list of system-call groups or names, the first an allow ("@system-service"), '
+    'then removals ("~@privileged")',
+    lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(
+        isinstance(w, str) and re.fullmatch(r"~?@?[a-z][a-z0-9_-]{0,63}", w) for w in v)
+    and not v[0].startswith("~"))
 _FILE = c.Check("a path of a file on the operator's machine (no spaces)", c.safe_text)
 
 K = Knob
@@ -87,6 +94,7 @@ KNOBS: tuple[Knob, ...] = (
     K("service_port", c.integer(1, 65535), SERVING + (BENCH,), serving=True),
     K("api_key_file", c.optional(_FILE), SERVING + (BENCH,)),
     K("served_model_name", c.optional(c.ARG), SERVING + (BENCH,), serving=True, required_by=SERVING),
+    K("service_syscall_filter", _SYSCALL_FILTER, SERVING, serving=True),
     K("health_timeout_s", c.integer(1), SERVING + (ROLLOUT,)),
     K("health_settle_s", c.integer(0), SERVING + (ROLLOUT,)),
     K("releases_keep", c.integer(1), SERVING + (ROLLOUT,)),

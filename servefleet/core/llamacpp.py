@@ -8,6 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from servefleet.core import sandbox
 from servefleet.core import systemd as sd
 from servefleet.core.layout import LLAMA_UNIT, NodeLayout
 
@@ -38,6 +39,26 @@ def launcher_args(data) -> list[str]:
         return []
     langs = ["C", "CXX"] + (["CUDA"] if cuda_on(data["llamacpp_cmake_flags"]) else [])
     return [f"-DCMAKE_{lang}_COMPILER_LAUNCHER=ccache" for lang in langs]
+
+
+def build_env(git_url: str, commit: str, tag: str, flags_hash: str, src_dir: str,
+              build_dir: str, prefix: str, cmake_flags: dict, launcher_args=(),
+              jobs: int | None = None, ccache_dir: str | None = None,
+              nvcc: str | None = None) -> dict[str, str]:
+    """The environment files/llamacpp/build.sh takes (its header names each variable)."""
+    env = {
+        "GIT_URL": git_url, "COMMIT": commit, "TAG": tag, "HASH": flags_hash,
+        "SRC_DIR": src_dir, "BUILD_DIR": build_dir, "PREFIX": prefix,
+        "CMAKE_ARGS": " ".join(f"-D{k}={v}" for k, v in sorted(cmake_flags.items())),
+        "LAUNCHER_ARGS": " ".join(launcher_args),
+        "FLAGS_JSON": json.dumps(cmake_flags, sort_keys=True),
+        "JOBS": str(jobs) if jobs else "",  # empty: build.sh picks from CPUs and RAM
+    }
+    if ccache_dir:
+        env["CCACHE_DIR"] = ccache_dir
+    if nvcc:
+        env["CUDACXX"] = nvcc
+    return env
 
 
 def model_path(model_dir: str, data) -> str:
@@ -175,7 +196,15 @@ def unit_context(data, model_dir: str, override_kv) -> dict:
         "exec_start_pre": sd.exec_line(preflight),
         "exec_start": exec_start,  # called by the template: the lint is read at render time
         "description": sd.text(data["served_model_name"]),
-        "read_write_paths": [sd.setting(lay.cache_dir)],
-        "gpu": bool(data["require_gpu"]),
+        "sandbox": sandbox.properties([lay.cache_dir], gpu=bool(data["require_gpu"]),
+                                      memory_deny_write_execute=True,
+                                      syscall_filter=data["service_syscall_filter"]),
+        "gpu_setup": sandbox.gpu_setup_line() if data["require_gpu"] else None,
         "timeout_start_s": int(data["health_timeout_s"]),
     }
+
+
+def probe_argv(data) -> list[str]:
+    """What the sandbox probe runs before a (re)start (servefleet.core.sandbox)."""
+    return sandbox.llamacpp_probe_argv(NodeLayout.of(data).llama_server(build_name(data)),
+                                       gpu=bool(data["require_gpu"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servefleet.core import kvplan
+from servefleet.core import kvplan, sandbox
 from servefleet.core import systemd as sd
 from servefleet.core.layout import VLLM_UNIT, NodeLayout
 
@@ -17,6 +17,8 @@ ENGINE = "vllm"
 KV_VERIFIED_VERSIONS = ("0.24.0", "0.26.0")
 # The service's PATH: the venv first (vLLM's subprocesses and compilers find its tools).
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# MemoryDenyWriteExecute= for the vLLM unit (llama.cpp's always has it).
+MEMORY_DENY_WRITE_EXECUTE = False
 
 
 def venv_path(data) -> str:
@@ -119,9 +121,17 @@ def unit_context(data, model: str) -> dict:
         "exec_start": sd.exec_line([executable(data), *serve_args(data, model)]),
         "description": sd.text(data["served_model_name"]),
         "timeout_start_s": int(data["health_timeout_s"]),
-        "read_write_paths": [sd.setting(p) for p in lay.writable_dirs],
-        "gpu": bool(data.get("require_gpu")),
+        "sandbox": sandbox.properties(lay.writable_dirs, gpu=bool(data["require_gpu"]),
+                                      memory_deny_write_execute=MEMORY_DENY_WRITE_EXECUTE,
+                                      syscall_filter=data["service_syscall_filter"]),
+        "gpu_setup": sandbox.gpu_setup_line() if data["require_gpu"] else None,
     }
+
+
+def probe_argv(data) -> list[str]:
+    """What the sandbox probe runs before a (re)start (servefleet.core.sandbox)."""
+    return sandbox.vllm_probe_argv(f"{venv_path(data)}/bin/python", executable(data),
+                                   gpu=bool(data["require_gpu"]))
 
 
 def kv_compared(version: str) -> bool:

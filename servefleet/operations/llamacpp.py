@@ -13,14 +13,13 @@ prefix, switch `current`, check the GGUF lint. Paths come from the caller (NodeL
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
 from pyinfra import host, state
 from pyinfra.api import StringCommand, operation
 
-from servefleet.core.llamacpp import build_present, build_problems
+from servefleet.core.llamacpp import build_env, build_present, build_problems
 from servefleet.facts.llamacpp import GgufLint, LlamaBuilds, Nvcc
 from servefleet.facts.node import FreeDiskBytes
 from servefleet.operations.node import fail_host, upload
@@ -79,18 +78,10 @@ def build(build: str, prefix: str, src_dir: str, build_dir: str, script: str, gi
         yield fail_host(f"llama.cpp build preflight failed on {host.name}: " + "; ".join(problems))
         return
     yield from upload._inner(dest=script, content=BUILD_SCRIPT.read_bytes(), mode="755")
-    env = {
-        "GIT_URL": git_url, "COMMIT": commit, "TAG": tag, "HASH": flags_hash,
-        "SRC_DIR": src_dir, "BUILD_DIR": build_dir, "PREFIX": prefix,
-        "CMAKE_ARGS": " ".join(f"-D{k}={v}" for k, v in sorted(cmake_flags.items())),
-        "LAUNCHER_ARGS": " ".join(launcher_args),
-        "FLAGS_JSON": json.dumps(cmake_flags, sort_keys=True),
-        "JOBS": str(jobs) if jobs else "",  # empty: build.sh picks from CPUs and RAM
-    }
-    if ccache_dir:
-        env["CCACHE_DIR"] = ccache_dir
-    if nvcc:
-        env["CUDACXX"] = nvcc["path"]
+    env = build_env(git_url=git_url, commit=commit, tag=tag, flags_hash=flags_hash,
+                    src_dir=src_dir, build_dir=build_dir, prefix=prefix, cmake_flags=cmake_flags,
+                    launcher_args=launcher_args, jobs=jobs, ccache_dir=ccache_dir,
+                    nvcc=nvcc["path"] if nvcc else None)
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     yield StringCommand(f"env {assigns} {shlex.quote(script)}")
 

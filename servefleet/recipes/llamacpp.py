@@ -134,7 +134,7 @@ def service(built: Build, run: ModelRun) -> ServiceRun:
                                prefix=built.prefix, unit=logic.UNIT, template=UNIT_TEMPLATE,
                                context=context, model_dir=run.path, gate=gate_args(),
                                commit=data["llamacpp_commit"])
-    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of,
+    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of, logic.probe_argv(data),
                            depends_on=[built.build, built.switch, run, key])
 
 

@@ -10,17 +10,19 @@ installs: an earlier run interrupted between its changes and its restart is fini
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from dataclasses import dataclass
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.files import Sha256File
 from pyinfra.operations import server, systemd
 
 from servefleet.core.layout import NodeLayout
 from servefleet.core.systemd import render_unit
 from servefleet.facts.releases import RunningRelease
-from servefleet.operations import node
+from servefleet.operations import node, sandbox
 from servefleet.recipes import release
 
 
@@ -58,7 +60,7 @@ def _restart_or_show_journal(unit: str) -> str:
 
 
 @deploy("Service")
-def systemd_service(unit: str, template: str, context: dict, release_of,
+def systemd_service(unit: str, template: str, context: dict, release_of, probe_argv: list,
                     depends_on: list = ()) -> ServiceRun:
     """
     Install `/etc/systemd/system/{unit}` from a template and keep it as data says.
@@ -68,20 +70,35 @@ def systemd_service(unit: str, template: str, context: dict, release_of,
     + context: template variables; a callable value is called while rendering (at execution
       too), e.g. a lint read on the node after this run's download
     + release_of: () -> Release this run installs (servefleet.recipes.release.build)
+    + probe_argv: the sandbox probe's command (servefleet.core.sandbox), run under the unit's
+      own sandbox before anything of the unit changes, whenever a (re)start will follow
     + depends_on: OperationMetas (or objects with did_change()) whose change requires a restart
     """
     running_file = NodeLayout.of(host.data).running_file
+    unit_path = NodeLayout.unit_path(unit)
+    running = host.data.service_state == "running"
 
     def stale() -> bool:  # read when the restart decides, at execution
         return host.get_fact(RunningRelease, path=running_file) != release_of().id
 
-    unit_op = node.upload(name=f"Unit {unit}", dest=NodeLayout.unit_path(unit),
+    def unit_differs() -> bool:  # the unit as this run renders it vs the node's, before upload
+        rendered = hashlib.sha256(render_unit(template, context).encode()).hexdigest()
+        return host.get_fact(Sha256File, path=unit_path) != rendered
+
+    # A (re)start follows: try the sandbox first, so a setting that stops the engine fails this
+    # host before the unit is replaced and the running service is left as it was.
+    sandbox.probe(name=f"Sandbox probe of {unit} (before the restart)", unit=unit,
+                  user=context["service_user"], properties=context["sandbox"],
+                  environment=context["environment"], argv=probe_argv,
+                  gpu=bool(context["gpu_setup"]),
+                  _if=lambda: running and (unit_differs() or stale()
+                                           or any(d.did_change() for d in depends_on)))
+    unit_op = node.upload(name=f"Unit {unit}", dest=unit_path,
                           content=lambda: render_unit(template, context), mode="644")
     # What is installed is recorded before the restart: a failed start leaves it recorded (and
     # not running.json), which is how a rollback knows to go back from it.
     release.record(release_of)
     systemd.daemon_reload(name="Reload systemd (unit changed)", _if=unit_op.did_change)
-    running = host.data.service_state == "running"
     ensure = systemd.service(name=f"{unit} {host.data.service_state}", service=unit,
                              running=running, enabled=host.data.service_enabled)
     deps = [unit_op, *depends_on]

@@ -129,7 +129,7 @@ def service(env: PythonEnv, run: ModelRun, depends_on: list) -> ServiceRun:
                                unit=logic.UNIT, template=UNIT_TEMPLATE, context=context,
                                model_dir=run.path, gate=gate_args(run.path))
     # Positional: `name=` would be taken by pyinfra as the deploy's display name.
-    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of,
+    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of, logic.probe_argv(data),
                            depends_on=[env.create, env.install, *depends_on, run, key])
 
 

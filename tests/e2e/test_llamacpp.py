@@ -26,6 +26,7 @@ DEFECT_FLAG = "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0
 
 
 DATA = material.RTX4090
+PROBE = "Sandbox probe of servefleet-llama.service (before the restart)"
 LLAMA = "/opt/servefleet/llama.cpp"
 
 
@@ -75,6 +76,8 @@ def test_first_converge_builds_at_the_pin_and_serves_with_the_lint_fix(llama_env
     assert run.errors == 0
     ops = op_results(run.output)
     assert ops["llama.cpp /health, one chat completion, settle"] == "Success"
+    # The unit's own sandbox was tried (llama-server --version under it) before the first start.
+    assert ops[PROBE] == "Success"
     h = th(HOST)
     name = llamacpp.build_name(DATA)
     assert h.run(f"git -C {LLAMA}/src rev-parse HEAD").stdout.strip() == DATA["llamacpp_commit"]
@@ -109,6 +112,31 @@ def test_second_converge_changes_nothing_and_builds_nothing(llama_env, th):
     assert run.returncode == 0, run.output[-3000:]
     assert run.changed == 0 and run.no_change == run.operations > 0
     assert th(HOST).process.get(comm="llama-server").pid == pid  # not restarted
+
+
+def test_a_sandbox_that_stops_the_engine_is_refused_before_the_restart(llama_env, th):
+    """A tightened system-call filter that llama-server cannot live with: the probe runs the
+    binary under the new sandbox first, the host fails with one line, and the unit on disk and
+    the running server are the ones from before."""
+    h = th(HOST)
+    unit_path = "/etc/systemd/system/servefleet-llama.service"
+    before, pid = h.file(unit_path).content_string, h.process.get(comm="llama-server").pid
+    run = converge(llama_env, service_syscall_filter=json.dumps(["@system-service",
+                                                                 "~@file-system"]))
+    assert run.returncode != 0
+    lines = [line for line in run.output.splitlines() if "the sandbox probe" in line]
+    assert lines, run.output[-3000:]
+    assert "so the service was not restarted: code=killed/status=SYS (a system call outside " \
+           "SystemCallFilter=)" in lines[0]
+    assert h.file(unit_path).content_string == before  # the unit was not replaced
+    assert "~" not in before
+    assert h.process.get(comm="llama-server").pid == pid  # and the server not restarted
+    assert curl(h, "/health").stdout == "200"
+    assert h.run("systemctl list-units --all 'servefleet-llama-probe*' --no-legend").stdout == ""
+
+    back = converge(llama_env)  # the shipped filter: nothing to change, nothing restarted
+    assert back.returncode == 0 and back.changed == 0, back.output[-3000:]
+    assert h.process.get(comm="llama-server").pid == pid
 
 
 def test_without_the_override_the_gguf_fails_to_load(llama_env, th):

@@ -211,7 +211,7 @@ def test_unit_with_the_lint_flag_and_a_key():
     assert argv[-2:] == ["--n-gpu-layers", "all"]
     for line in ("User=servefleet", 'Environment="GGML_CUDA_NO_PINNED=1"',
                  'Environment="HF_HUB_OFFLINE=1"', "Restart=on-failure", "MemoryDenyWriteExecute=yes",
-                 "DevicePolicy=closed", "DeviceAllow=/dev/nvidiactl rw"):
+                 "DevicePolicy=closed", "DeviceAllow=char-nvidia rw"):
         assert line in unit.splitlines()
     pre = unit.split("ExecStartPre=", 1)[1].split("\nExecStart=", 1)[0]
     assert pre.rstrip().endswith("--gpu") and f"--context-bytes {int(1.75 * 1024**3)}" in pre

@@ -182,7 +182,7 @@ def test_unit_template(spark, key, monkeypatch):
     assert "--language-model-only \\" in unit and "--kv-cache-memory-bytes 8589934592" in unit
     assert "MemoryDenyWriteExecute=yes" not in unit  # vLLM's JIT compilers need W+X memory
     # GPU nodes: the NVIDIA devices, and only them, behind DevicePolicy=closed.
-    assert ("DeviceAllow=/dev/nvidiactl rw" in lines) is True
+    assert ("DeviceAllow=char-nvidia rw" in lines) is True
     cpu = render_template(recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "require_gpu": False}, MODEL))
     assert "DeviceAllow" not in cpu
     service = unit.split("[Service]")[1].split("[Install]")[0]
