@@ -33,6 +33,11 @@ if [ "$gpu" = 1 ]; then
     free_mib=$($smi --query-gpu=memory.free --format=csv,noheader,nounits 2>/dev/null | sort -n | tail -n 1) \
         || refuse "nvidia-smi failed: no usable GPU driver"
     [ -n "$free_mib" ] || refuse "nvidia-smi is missing or lists no GPU"
+    # "No devices were found" (exit 0) where the GPU's device node is not reachable, e.g. a
+    # DeviceAllow= that misses it.
+    case $free_mib in
+        *[!0-9]*) refuse "nvidia-smi reports no usable GPU: $free_mib";;
+    esac
     free_vram=$((free_mib * 1048576))
     need_vram=$((size + ctx))
     [ "$free_vram" -ge "$need_vram" ] || refuse "free VRAM $(gib "$free_vram") < $(gib "$need_vram") needed" \

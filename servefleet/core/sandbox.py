@@ -36,7 +36,8 @@ DEFAULT_SYSCALL_FILTER = ("@system-service",)
 
 
 def properties(read_write_paths: list[str], gpu: bool, memory_deny_write_execute: bool,
-               syscall_filter=DEFAULT_SYSCALL_FILTER) -> list[tuple[str, str]]:
+               syscall_filter=DEFAULT_SYSCALL_FILTER,
+               address_families=("AF_INET", "AF_INET6", "AF_UNIX")) -> list[tuple[str, str]]:
     """(setting, value) pairs, in unit-file order; values are plain (no quoting needed).
 
     read_write_paths: the only places the engine may write (everything else is read-only).
@@ -62,7 +63,7 @@ def properties(read_write_paths: list[str], gpu: bool, memory_deny_write_execute
         ("RestrictNamespaces", "yes"),
         ("RestrictSUIDSGID", "yes"),
         ("RestrictRealtime", "yes"),
-        ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX"),
+        ("RestrictAddressFamilies", " ".join(address_families)),
         ("SystemCallArchitectures", "native"),
         *_syscall_filter(syscall_filter),
         ("LockPersonality", "yes"),
@@ -162,7 +163,13 @@ def vllm_probe_argv(venv_python: str, executable: str, gpu: bool) -> list[str]:
     return [executable, "--version"]
 
 
+# `nvidia-smi -L` exits 0 with "No devices found." when /dev/nvidia0 is out of reach (seen on
+# the H200 with the old allow list): the probe wants a GPU line.
+NVIDIA_SMI_PROBE = "nvidia-smi -L | grep '^GPU ' || { echo 'nvidia-smi -L lists no GPU' >&2; exit 1; }"
+
+
 def llamacpp_probe_argv(server: str, gpu: bool) -> list[str]:
-    """GPU node: nvidia-smi -L through the allowed devices. Without a GPU: the llama-server the
-    unit starts (its libraries loaded under W^X and the filter), asked for its version."""
-    return ["nvidia-smi", "-L"] if gpu else [server, "--version"]
+    """GPU node: nvidia-smi -L through the allowed devices, listing a GPU. Without a GPU: the
+    llama-server the unit starts (its libraries loaded under W^X and the filter), asked for its
+    version."""
+    return ["/bin/sh", "-c", NVIDIA_SMI_PROBE] if gpu else [server, "--version"]

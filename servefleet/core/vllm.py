@@ -17,8 +17,15 @@ ENGINE = "vllm"
 KV_VERIFIED_VERSIONS = ("0.24.0", "0.26.0")
 # The service's PATH: the venv first (vLLM's subprocesses and compilers find its tools).
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# MemoryDenyWriteExecute= for the vLLM unit (llama.cpp's always has it).
-MEMORY_DENY_WRITE_EXECUTE = False
+# AF_NETLINK too: vLLM always sets up torch.distributed with a gloo CPU group, and gloo finds
+# its address with getifaddrs(), a netlink socket. Without it the engine dies at start with
+# "Address family not supported by protocol" (seen on the H200 under the emulated sandbox,
+# tests/fixtures/h200/sandbox/).
+ADDRESS_FAMILIES = ("AF_INET", "AF_INET6", "AF_UNIX", "AF_NETLINK")
+# MemoryDenyWriteExecute= for the vLLM unit too: the real engine served on the H200 under it
+# (systemd's seccomp rules and the kernel's PR_SET_MDWE; tests/fixtures/h200/sandbox/). Triton
+# and torch.compile write GPU code to files the driver loads; no host memory is mapped W+X.
+MEMORY_DENY_WRITE_EXECUTE = True
 
 
 def venv_path(data) -> str:
@@ -123,7 +130,8 @@ def unit_context(data, model: str) -> dict:
         "timeout_start_s": int(data["health_timeout_s"]),
         "sandbox": sandbox.properties(lay.writable_dirs, gpu=bool(data["require_gpu"]),
                                       memory_deny_write_execute=MEMORY_DENY_WRITE_EXECUTE,
-                                      syscall_filter=data["service_syscall_filter"]),
+                                      syscall_filter=data["service_syscall_filter"],
+                                      address_families=ADDRESS_FAMILIES),
         "gpu_setup": sandbox.gpu_setup_line() if data["require_gpu"] else None,
     }
 

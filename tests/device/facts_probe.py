@@ -7,7 +7,7 @@ import os
 
 from pyinfra import host
 
-from servefleet import facts
+from servefleet.facts import node as facts
 from servefleet.operations import node
 
 found = {

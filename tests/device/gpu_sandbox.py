@@ -235,8 +235,8 @@ def cmd_llama_serve() -> int:
     lint = sh([sys.executable, str(REPO / "servefleet/core/lint/gguf_lint.py"),
                llamacpp.model_path(model_dir, d)], env={**os.environ,
                                                         "PYTHONPATH": f"{SFSITE}"})
-    state, _, flag = lint.stdout.strip().partition(" ")
-    log(f"GGUF lint: {state} {flag}")
+    flag = ",".join(json.loads(lint.stdout.strip().splitlines()[-1]).get("override_kv") or [])
+    log(f"GGUF lint: --override-kv {flag}")
     unit = render("files/llamacpp/servefleet-llama.service.j2",
                   llamacpp.unit_context(d, model_dir, lambda: flag or None),
                   "servefleet-llama.service")
@@ -270,7 +270,7 @@ def cmd_vllm_layout() -> int:
     (site_dir / "servefleet-payload.pth").write_text(f"{payload}\n{image.stdout}")
     (venv / "bin" / "vllm").write_text(
         f"#!{venv}/bin/python\nimport sys\nfrom vllm.entrypoints.cli.main import main\n"
-        "sys.exit(main())\n")
+        "if __name__ == '__main__':\n    sys.exit(main())\n")  # as pip writes it (spawn re-runs it)
     os.chmod(venv / "bin" / "vllm", 0o755)
     model = Path(f"{lay.models_dir}/servefleet-tests--tiny-qwen35moe/{SHA}")
     if not model.exists():
@@ -295,12 +295,44 @@ def cmd_vllm_serve(mdwe: str) -> int:
     return 0 if result.get("chat") else 1
 
 
+OLD_ALLOW = ("DeviceAllow=char-nvidia-frontend rw\nDeviceAllow=char-nvidia-uvm rw\n"
+             "DeviceAllow=char-nvidia-caps rw\nDeviceAllow=/dev/nvidiactl rw\n"
+             "DeviceAllow=/dev/nvidia-uvm rw\nDeviceAllow=/dev/nvidia-uvm-tools rw\n")
+
+
+def cmd_probes() -> int:
+    """The recipes' own sandbox probes (servefleet.core.{llamacpp,vllm}.probe_argv, GPU node)
+    under each unit's sandbox, then under the allow list shipped before (must fail)."""
+    from servefleet.core import llamacpp, vllm
+    rc = 0
+    for engine, argv in (("llama.cpp", llamacpp.probe_argv(llama_data())),
+                         ("vllm", vllm.probe_argv(data("spark")))):
+        unit = STATE / ("servefleet-llama.service" if engine == "llama.cpp"
+                        else "servefleet-vllm.service")
+        text = unit.read_text()
+        old = STATE / f"{unit.stem}.old-allow-list.service"
+        lines = [ln for ln in text.splitlines(keepends=True) if not ln.startswith("DeviceAllow=")]
+        old.write_text("".join(ln + (OLD_ALLOW if ln.startswith("DevicePolicy=") else "")
+                               for ln in lines))
+        for tag, path, want in (("unit", unit, 0), ("old allow list", old, "not 0")):
+            res = subprocess.run([sys.executable, str(REPO / "tests/device/sandbox_exec.py"),
+                                  str(path), "--argv", *argv], capture_output=True, text=True)
+            ok = (res.returncode == 0) == (want == 0)
+            rc |= 0 if ok else 1
+            log(f"probe {engine} under the {tag}: rc {res.returncode} ({'as expected' if ok else 'NOT as expected'}): "
+                f"{' '.join(argv)}")
+            for line in (res.stdout + res.stderr).splitlines():
+                if not line.startswith(("sandbox_exec: /dev holds", "sandbox_exec: ExecStartPre=+")):
+                    log("    " + line[:300])
+    return rc
+
+
 def main(argv: list[str]) -> int:
     STATE.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
     step = argv[0] if argv else "check"
     steps = {"check": cmd_check, "llama-build": cmd_llama_build, "llama-serve": cmd_llama_serve,
-             "vllm-layout": cmd_vllm_layout}
+             "vllm-layout": cmd_vllm_layout, "probes": cmd_probes}
     if step == "vllm-serve":
         return cmd_vllm_serve(argv[1] if len(argv) > 1 else "on")
     return steps[step]()

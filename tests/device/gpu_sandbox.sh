@@ -10,7 +10,8 @@
 #        the vLLM payload's install in the background, tests/device/vllm_probe.py)
 #   8. gpu_sandbox.sh vllm MDWE                   install done -> layout -> vLLM in the sandbox
 #   9. gpu_sandbox.sh llama                       the CUDA build's result, then llama-server in
-#        the sandbox (ExecStartPre: the --gpu preflight), /health and one chat
+#        the sandbox (ExecStartPre: the --gpu preflight), /health and one chat; then both
+#        recipes' sandbox probes under their units and under the old allow list (must fail)
 #
 # .devrun/sandbox/ (git-ignored, made on the dev machine): llama-b9785.bundle (`git bundle
 # create ... b9785` of the testbed's mirror: the commit the testbed pins, 8724b88a),
@@ -72,7 +73,11 @@ case $step in
         "$PY" tests/device/gpu_sandbox.py vllm-serve "${2:-on}" ;;
     llama)
         tail -n 3 /root/sfgpu/llama-build.log
-        "$PY" tests/device/gpu_sandbox.py llama-serve ;;
+        "$PY" tests/device/gpu_sandbox.py llama-serve
+        rc=$?
+        "$PY" tests/device/gpu_sandbox.py probes || rc=1
+        cp /root/sfgpu/*.service "$OUT/"
+        exit $rc ;;
     check)
         "$PY" tests/device/gpu_sandbox.py check ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -18,9 +18,9 @@ Applied from the unit file itself (one source: what servefleet rendered):
   holds only what DevicePolicy=closed + DeviceAllow= allow on this machine's /proc/devices (the
   model in servefleet_dev/testing/sandbox_model.py), plus a private /dev/shm and /dev/pts;
 - NoNewPrivileges= (PR_SET_NO_NEW_PRIVS);
-- MemoryDenyWriteExecute= through prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN) (systemd uses a
-  seccomp filter for it; the kernel's own W^X is the stricter of the two: it also refuses
-  mprotect adding PROT_EXEC to a mapping that was never writable);
+- MemoryDenyWriteExecute= twice over: systemd's own seccomp rules (mmap W|X, mprotect and
+  pkey_mprotect with PROT_EXEC, shmat SHM_EXEC -> EPERM) and the kernel's
+  prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN);
 - SystemCallFilter= through libseccomp: the allow list that `systemd-analyze syscall-filter`
   (systemd 252, tests/fixtures/systemd/syscall-filter-252.txt) gives for the unit's lines,
   anything else kills the process, as in the unit; RestrictAddressFamilies=: socket() of other
@@ -53,7 +53,7 @@ from servefleet_dev.testing.sandbox_model import (CLOSED_BASE_PATHS, DeviceTable
 
 SYSCALLS = REPO / "tests" / "fixtures" / "systemd" / "syscall-filter-252.txt"
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
-FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}
+FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
 
 libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -210,9 +210,22 @@ class ScmpArgCmp(ctypes.Structure):
                 ("datum_b", ctypes.c_uint64)]
 
 
-def seccomp_filter(names: set[str], families: set[int] | None) -> int:
-    """Load the allow list (names) and RestrictAddressFamilies= (families); returns the rule
-    count."""
+# MemoryDenyWriteExecute= as systemd 252 builds it (src/shared/seccomp-util.c,
+# seccomp_memory_deny_write_execute): EPERM for mmap() asking PROT_WRITE|PROT_EXEC together,
+# mprotect()/pkey_mprotect() asking PROT_EXEC at all, shmat() with SHM_EXEC.
+PROT_WRITE, PROT_EXEC, SHM_EXEC = 0x2, 0x4, 0o100000
+SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 4, 7
+MDWE_RULES = {  # syscall: (argument, mask, the masked values that stay allowed)
+    "mmap": (2, PROT_WRITE | PROT_EXEC, (0, PROT_WRITE, PROT_EXEC)),
+    "mprotect": (2, PROT_EXEC, (0,)),
+    "pkey_mprotect": (2, PROT_EXEC, (0,)),
+    "shmat": (2, SHM_EXEC, (0,)),
+}
+
+
+def seccomp_filter(names: set[str], families: set[int] | None, mdwe: bool) -> int:
+    """Load the allow list (names), RestrictAddressFamilies= (families) and, with mdwe,
+    MemoryDenyWriteExecute= as systemd's filter has it; returns the rule count."""
     lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
@@ -222,6 +235,7 @@ def seccomp_filter(names: set[str], families: set[int] | None) -> int:
     lib.seccomp_load.argtypes = [ctypes.c_void_p]
     kill_process, allow = 0x80000000, 0x7FFF0000
     eafnosupport = 0x00050000 | errno.EAFNOSUPPORT
+    eperm = 0x00050000 | errno.EPERM
     ctx = lib.seccomp_init(kill_process)
     if not ctx:
         raise OSError("seccomp_init failed")
@@ -230,9 +244,20 @@ def seccomp_filter(names: set[str], families: set[int] | None) -> int:
         nr = lib.seccomp_syscall_resolve_name(name.encode())
         if nr < 0:
             continue  # not a system call of this architecture
+        if mdwe and name in MDWE_RULES:
+            arg, mask, allowed_values = MDWE_RULES[name]
+            for value in range(0, mask + 1):
+                if value & ~mask:
+                    continue
+                cmp = ScmpArgCmp(arg, SCMP_CMP_MASKED_EQ, mask, value)
+                action = allow if value in allowed_values else eperm
+                check(lib.seccomp_rule_add_array(ctx, action, nr, 1, ctypes.byref(cmp)),
+                      f"seccomp rule {name}({value:#x})")
+            rules += 1
+            continue
         if name == "socket" and families is not None:
             for family in range(0, 46):
-                cmp = ScmpArgCmp(0, 4, family, 0)  # SCMP_CMP_EQ on argument 0
+                cmp = ScmpArgCmp(0, SCMP_CMP_EQ, family, 0)
                 action = allow if family in families else eafnosupport
                 check(lib.seccomp_rule_add_array(ctx, action, nr, 1, ctypes.byref(cmp)),
                       f"seccomp rule socket({family})")
@@ -276,7 +301,7 @@ def sandboxed(unit: dict[str, list[str]], unit_text: str, argv: list[str], env_e
             check(libc.prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0), "PR_SET_MDWE")
         os.umask(int(unit.get("UMask", ["0022"])[-1], 8))
         os.chdir(unit.get("WorkingDirectory", [user.pw_dir])[-1])
-        rules = seccomp_filter(names, families)
+        rules = seccomp_filter(names, families, mdwe)
         os.write(2, f"sandbox_exec: [{os.getpid()}] as {user.pw_name}, mdwe {mdwe}, {rules} "
                     f"system calls allowed: {shlex.join(argv)}\n".encode())
         os.execve(argv[0], argv, env)

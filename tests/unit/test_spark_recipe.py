@@ -180,7 +180,7 @@ def test_unit_template(spark, key, monkeypatch):
         assert expected in lines, expected
     assert ("EnvironmentFile=/opt/servefleet/etc/vllm.env" in lines) == bool(key)
     assert "--language-model-only \\" in unit and "--kv-cache-memory-bytes 8589934592" in unit
-    assert "MemoryDenyWriteExecute=yes" not in unit  # vLLM's JIT compilers need W+X memory
+    assert "MemoryDenyWriteExecute=yes" in lines  # served on the H200 under it (fixtures/h200/sandbox)
     # GPU nodes: the NVIDIA devices, and only them, behind DevicePolicy=closed.
     assert ("DeviceAllow=char-nvidia rw" in lines) is True
     cpu = render_template(recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "require_gpu": False}, MODEL))
