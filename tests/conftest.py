@@ -2,6 +2,8 @@
 fresh once per session (whatever a demo or an earlier run left up is never reused)."""
 
 import os
+import time
+from pathlib import Path
 
 # Before anything imports the testbed: the tests' own instance (namespace, subnet, state), never
 # the demo's (instance 0).
@@ -12,6 +14,8 @@ import pytest  # noqa: E402
 
 from servefleet_dev.testbed import hosts as tb_hosts  # noqa: E402
 from servefleet_dev.testbed import lifecycle  # noqa: E402
+from servefleet_dev.testbed import net as tb_net  # noqa: E402
+from servefleet_dev.testbed import state as tb_state  # noqa: E402
 from servefleet_dev.testbed.image import ADMIN_USER  # noqa: E402
 from servefleet_dev.testbed.state import known_hosts_path, load_state  # noqa: E402
 
@@ -28,7 +32,30 @@ def testbed():
         yield load_state()
     finally:
         if not os.environ.get("SERVEFLEET_KEEP_TESTBED"):
+            inode = load_state().netns_inode
             lifecycle.down(log=log)
+            left = leftovers(inode)
+            if left:  # fails the session: a test started something that outlived it
+                raise RuntimeError(f"still running after the testbed went down: {left}")
+
+
+def leftovers(netns_inode) -> list[str]:
+    """Processes of this testbed instance still alive: in its namespace, or running from or
+    naming its tree."""
+    tree = str(tb_state.testbed_dir()) + "/"
+    found = [f"pid {p} (in the testbed's network namespace)"
+             for p in tb_net.pids_in_netns({netns_inode} if netns_inode else set())]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            root = os.readlink(proc / "root")
+        except OSError:
+            continue
+        if (tree in cmd or root.startswith(tree)) and tb_hosts.running(int(proc.name)):
+            found.append(f"pid {proc.name}: {cmd[:200]}")
+    return found
 
 
 @pytest.fixture(scope="session")
@@ -72,8 +99,31 @@ def fleet_file(testbed, ssh_key, tmp_path):
     return make
 
 
+TIERS = ("e2e", "hostile", "unit", "other")
+_SESSION_START = time.monotonic()
+
+
+def _tier(nodeid: str) -> str:
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS else "other"
+
+
 def pytest_terminal_summary(terminalreporter):
-    """The hostile-input suite's count: tried, handled, failed."""
+    """Where the time went (per tier: setup + call + teardown of its tests) and the hostile-input
+    suite's count: tried, handled, failed."""
+    spent = dict.fromkeys(TIERS, 0.0)
+    counted = dict.fromkeys(TIERS, 0)
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if hasattr(rep, "duration") and hasattr(rep, "nodeid") and hasattr(rep, "when"):
+                spent[_tier(rep.nodeid)] += rep.duration
+                counted[_tier(rep.nodeid)] += rep.when == "call"
+    terminalreporter.write_sep("-", "time per tier")
+    for tier in TIERS:
+        if counted[tier] or spent[tier]:
+            terminalreporter.write_line(f"{tier:8} {counted[tier]:5} tests  {spent[tier] / 60:6.1f} min")
+    terminalreporter.write_line(f"{'session':8} {'':5}        "
+                                f"{(time.monotonic() - _SESSION_START) / 60:6.1f} min (wall)")
     tried = handled = failed = 0
     for key in ("passed", "failed", "error"):
         for rep in terminalreporter.stats.get(key, []):

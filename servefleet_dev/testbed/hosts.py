@@ -221,6 +221,27 @@ def stop(name: str, pid: int | None, timeout: float = 15) -> None:
     _umount_under(base)
 
 
+def kill_all(pids: list[int], timeout: float = 10) -> None:
+    """SIGKILL each process and wait until they are gone (a guest's init takes its whole PID
+    namespace with it)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(running(p) for p in pids):
+        time.sleep(0.05)
+
+
+def running(pid: int) -> bool:
+    """Not gone and not a zombie (a killed child of this process waits to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def remove(name: str) -> None:
     """Forget the host entirely: its upper dir is its disk."""
     base = hosts_dir() / name

@@ -110,6 +110,7 @@ def up(names=DEFAULT_HOSTS, log=print) -> TestbedState:
             state = load_state()
         net.up()
         state.network_up = True
+        state.netns_inode = net.netns_inode()
         services.start_all(state, log)
         save_state(state)
         _boot(state, names, log)
@@ -157,12 +158,16 @@ def status() -> list[dict]:
 def _teardown(state: TestbedState, keep_disks: bool) -> None:
     for rec in state.hosts.values():
         hosts.stop(rec.name, rec.pid)
+    # Every process left in the guests' network namespace, whether or not the state still lists
+    # its host (a supervisor that died, a state file lost): their overlays cannot go before them.
+    hosts.kill_all(net.pids_in_netns({i for i in (state.netns_inode, net.netns_inode()) if i}))
     for base in hosts.leftovers():  # also hosts the state file no longer knows about
         hosts.stop(base.name, None, timeout=0)
         if not keep_disks:
             hosts.remove(base.name)
     services.stop_all(state)
     net.down()
+    state.netns_inode = None
     for rec in state.hosts.values():
         rec.pid = None
     if not keep_disks:

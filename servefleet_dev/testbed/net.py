@@ -54,6 +54,31 @@ def _subnet_taken_elsewhere() -> str | None:
     return None
 
 
+def netns_inode() -> int | None:
+    """The inode of the testbed's network namespace (what /proc/PID/ns/net of every guest
+    process names), None when it does not exist."""
+    try:
+        return NETNS_PATH.stat().st_ino
+    except OSError:
+        return None
+
+
+def pids_in_netns(inodes: set[int]) -> list[int]:
+    """Every process whose network namespace is one of `inodes`: the guests (their systemd and
+    all below it) and the nspawn processes, whatever the state file says of them."""
+    want = {f"net:[{i}]" for i in inodes}
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if os.readlink(proc / "ns" / "net") in want:
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
 def _slirp_pids() -> list[int]:
     pids = []
     for proc in Path("/proc").iterdir():

@@ -61,11 +61,13 @@ class TestbedState:
     hosts: dict[str, HostRecord] = field(default_factory=dict)
     services: dict[str, dict] = field(default_factory=dict)  # name -> {"url":..., "pid":...}
     network_up: bool = False
+    netns_inode: int | None = None  # the namespace the guests live in (down finds them by it)
 
     def to_json(self) -> str:
         return json.dumps(
             {"hosts": {n: asdict(h) for n, h in self.hosts.items()},
-             "services": self.services, "network_up": self.network_up},
+             "services": self.services, "network_up": self.network_up,
+             "netns_inode": self.netns_inode},
             indent=2,
         )
 
@@ -79,6 +81,7 @@ def load_state() -> TestbedState:
         hosts={n: HostRecord(**h) for n, h in raw.get("hosts", {}).items()},
         services=raw.get("services", {}),
         network_up=raw.get("network_up", False),
+        netns_inode=raw.get("netns_inode"),
     )
 
 

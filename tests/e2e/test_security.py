@@ -70,13 +70,25 @@ def test_nothing_root_runs_is_the_service_users(served, th, host):
     assert denied.rc != 0 and not h.file(f"{ROOT}/tools/venv/bin/evil").exists
 
 
+# A watch loop on a node ends with the ssh session that started it ($PPID is that session's
+# sshd; a loop that prints nothing never learns of the disconnect from a broken pipe), and
+# after 15 minutes whatever happens.
+UNTIL_DISCONNECT = "sf_watch=1; end=$(( $(date +%s) + 900 )); while kill -0 $PPID 2>/dev/null && " \
+                   "[ $(date +%s) -lt $end ]; do"
+
+
+def stop_remote(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait(timeout=10)
+
+
 class Sampler:
     """Every process's command line on a node, sampled in a loop while a converge runs."""
 
     def __init__(self, host: str):
         rec = load_state().hosts[host]
-        loop = ("while :; do cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; "
-                "sleep 0.05; done")
+        loop = (f"{UNTIL_DISCONNECT} cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; "
+                "echo; sleep 0.05; done")
         self.proc = subprocess.Popen([*tb_hosts.ssh_args(rec), loop], stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
         self.lines: list[str] = []
@@ -88,7 +100,7 @@ class Sampler:
             self.lines.append(line)
 
     def stop(self) -> str:
-        self.proc.kill()
+        stop_remote(self.proc)
         self.thread.join(timeout=10)
         return "".join(self.lines)
 
@@ -98,8 +110,9 @@ class ModeWatch:
 
     def __init__(self, host: str):
         rec = load_state().hosts[host]
-        loop = (f"while :; do stat -c '%a %s %U %n' {ROOT}/etc/api-key* {ROOT}/etc/vllm.env* "
-                "/tmp/servefleet-upload.*/content /tmp/pyinfra-* 2>/dev/null; done")
+        loop = (f"{UNTIL_DISCONNECT} stat -c '%a %s %U %n' {ROOT}/etc/api-key* "
+                f"{ROOT}/etc/vllm.env* /tmp/servefleet-upload.*/content /tmp/pyinfra-* "
+                "2>/dev/null; done")
         self.proc = subprocess.Popen([*tb_hosts.ssh_args(rec), loop], stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
         self.lines: list[str] = []
@@ -108,7 +121,7 @@ class ModeWatch:
         self.thread.start()
 
     def stop(self) -> list[str]:
-        self.proc.kill()
+        stop_remote(self.proc)
         self.thread.join(timeout=10)
         return self.lines
 
@@ -128,6 +141,11 @@ def test_the_api_key_stays_out_of_argv_logs_diff_and_other_eyes(served, th, host
     finally:
         seen = sampler.stop()
         modes = watch.stop()
+    # The watch loops end with their ssh sessions: nothing of them spins on the node afterwards.
+    deadline = time.monotonic() + 10
+    while h.run("pgrep -f 'sf_watch[=]1'").rc == 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert h.run("pgrep -f 'sf_watch[=]1'").rc != 0, h.run("pgrep -af 'sf_watch[=]1'").stdout
     assert run.returncode == 0, run.output[-3000:]
     assert KEY not in run.output  # no command, no diff, no log line holds it
     assert seen.count("servefleet-health") > 0, "the sampler missed the health check"

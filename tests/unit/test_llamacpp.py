@@ -287,6 +287,15 @@ def test_preflight_gpu_needs_nvidia_smi(tmp_path):
     assert res.returncode == 1 and "nvidia-smi" in res.stderr
 
 
+def test_preflight_gpu_refuses_no_devices_found(tmp_path):
+    """nvidia-smi prints "No devices were found" (exit 0) when /dev/nvidia0 is out of the unit's
+    reach: seen on the H200 under the old allow list (fixtures/h200/sandbox/)."""
+    res = _preflight(tmp_path, avail=64 * GiB, gpu=True, vram_mib="No devices were found")
+    assert res.returncode == 1
+    assert res.stderr.strip() == ("servefleet preflight: refusing to start llama-server: "
+                                  "nvidia-smi reports no usable GPU: No devices were found")
+
+
 def test_preflight_missing_model(tmp_path):
     res = subprocess.run([str(FILES / "llama-preflight.sh"), "--model", str(tmp_path / "x"),
                           "--context-bytes", "0", "--ram-reserve", "0"], capture_output=True, text=True)
