@@ -15,6 +15,7 @@ llamacpp_cmake_flags = {  # as group_data/rtx4090.py, CPU only
     "BUILD_SHARED_LIBS": "OFF",
     "LLAMA_BUILD_TESTS": "OFF",
     "LLAMA_BUILD_EXAMPLES": "OFF",
+    "LLAMA_OPENSSL": "OFF",  # the guests have no OpenSSL headers, the dev machine may: one build either way
     "CMAKE_BUILD_TYPE": "Release",
 }
 llamacpp_ccache_dir = "/var/cache/servefleet/ccache"  # the host's ccache, shared by every guest

@@ -1,5 +1,6 @@
-"""Builders of test material (tiny models, real third-party artifacts) shared by tests and benchmarks."""
+"""Builders of test material (tiny models, real third-party artifacts) shared by tests and benchmarks.
 
-from servefleet_dev.testing.llama_build import llama_host_build
-
-__all__ = ["llama_host_build"]
+Modules are imported by name (e.g. servefleet_dev.testing.llama_build): some run on machines
+without servefleet's dependencies (the lent GPU's python has no pyinfra), so this package
+imports nothing on its own.
+"""

@@ -2,14 +2,15 @@
 
 Tests use it to prove that a GGUF really loads (or really fails) in the real loader. Each source
 (llama_src.SOURCES: `llama-cpp-python-0.3.36`, the default, and `b9785`, the real release) is
-built once into the cache (~8.5 min cold on 2 cores, much less with a warm ccache) and reused:
+built once into the cache by the recipe's build.sh (~8.5 min cold on 2 cores; a source the
+testbed's guests compiled first comes out of their ccache) and reused:
 
     ~/.cache/servefleet/src/*.tar.gz                                   (the sdists, llama_src.sdist)
     ~/.cache/servefleet/testbed/shared/git/llama.cpp.git               (the mirror, llama_src)
-    ~/.cache/servefleet/llama-host-build/TAG/llama.cpp/                (git archive of TAG's commit)
-    ~/.cache/servefleet/llama-host-build/TAG/llama.cpp/build/bin/llama-server
+    ~/.cache/servefleet/llama-host-build/TAG/src/                      (build.sh's clone at TAG)
+    ~/.cache/servefleet/llama-host-build/TAG/prefix/bin/llama-server   (+ build.json)
     ~/.cache/servefleet/llama-host-build/TAG/stamp.json                (tag, commit, flags, seconds)
-    ~/.cache/servefleet/ccache/                                        (CCACHE_DIR of these builds)
+    ~/.cache/servefleet/testbed/shared/ccache/                         (the guests' ccache too)
 
     python -m servefleet_dev.testing.llama_build [TAG]      # build (when needed), print the path
 """
@@ -22,26 +23,20 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
+from servefleet.core.groupdata import load_group
+from servefleet.core.llamacpp import build_env, flags_hash
 from servefleet.core.paths import cache_subdir
 from servefleet_dev.testing import llama_src
 from servefleet_dev.testing.llama_src import LLAMA_CPP_PYTHON_VERSION, RELEASE_TAG, TAG  # noqa: F401
 
-CMAKE_FLAGS = [
-    "-DGGML_CUDA=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",  # otherwise the configure step downloads the web UI
-    "-DBUILD_SHARED_LIBS=OFF",  # one self-contained binary: no rpath to the build tree
-    "-DGGML_NATIVE=OFF",  # the cache may be shared with a machine of another CPU
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DCMAKE_BUILD_TYPE=Release",
-]
-# Per source, on top of CMAKE_FLAGS. b9785's LLAMA_BUILD_UI defaults to ON (0.3.36's to OFF):
-# where npm exists, the server build then runs `npm install` and `npm run build` of the web UI.
-SOURCE_FLAGS = {RELEASE_TAG: ["-DLLAMA_BUILD_UI=OFF"]}
+# One flag set for this build and the testbed's (group_data/testbed_rtx4090.py), one tree layout
+# (src/ and build/ side by side under one base, as build.sh has them on a node) and one ccache
+# (the one the guests use): whichever builds a source first, the other compiles from the cache.
+TESTBED_GROUP = "testbed_rtx4090"
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "files" / "llamacpp" / "build.sh"
 ENV_OVERRIDE = "SERVEFLEET_LLAMA_SERVER"  # an existing binary for the default source
 
 
@@ -56,15 +51,16 @@ def _launcher_flags() -> list[str]:
     return []
 
 
-def _ccache_env(root: Path) -> dict[str, str]:
-    """ccache under the servefleet cache; paths under llama-host-build/ are hashed relative to the
-    compiler's cwd, so a rebuild in a fresh tree (same tag or another) hits for unchanged files."""
-    return {"CCACHE_DIR": str(cache_subdir("ccache")), "CCACHE_BASEDIR": str(root.parent),
-            "CCACHE_NOHASHDIR": "1"}
+def shared_ccache() -> Path:
+    # = servefleet_dev.testbed.state.shared_dir() / "ccache", the guests' llamacpp_ccache_dir
+    # (not imported, as llama_src.testbed_mirror says why)
+    return cache_subdir("testbed") / "shared" / "ccache"
 
 
 def cmake_flags(tag: str = TAG) -> list[str]:
-    return [*CMAKE_FLAGS, *SOURCE_FLAGS.get(tag, [])]
+    """-DKEY=VALUE of the testbed's llamacpp_cmake_flags, in build_env's (sorted) order."""
+    flags = load_group(TESTBED_GROUP)["llamacpp_cmake_flags"]
+    return [f"-D{k}={v}" for k, v in sorted(flags.items())]
 
 
 def _identity(tag: str, commit: str) -> dict:
@@ -85,43 +81,13 @@ def build_record(tag: str = TAG) -> dict | None:
         return None
 
 
-def _archive(mirror: Path, commit: str, dest: Path) -> None:
-    """The commit's tree from the mirror into dest (must not exist), like a checkout without .git."""
-    tmp = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    proc = subprocess.Popen(["git", "--git-dir", str(mirror), "archive", "--format=tar", commit],
-                            stdout=subprocess.PIPE)
-    with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(tmp, **kwargs)
-    if proc.wait() != 0:
-        raise RuntimeError(f"git archive {commit} from {mirror} failed")
-    tmp.rename(dest)
-
-
-def _adopt_legacy_build(root: Path, identity: dict) -> None:
-    """Move a build of the old single-source layout (llama-host-build/llama.cpp, built from the
-    untrimmed llama-cpp-python sdist: the same compiled files) into TAG/, rather than rebuild."""
-    legacy_root = root.parent
-    legacy = legacy_root / "llama.cpp"
-    old_stamp = json.dumps({"sdist": llama_src.LLAMA_CPP_PYTHON.sdist, "cmake_flags": CMAKE_FLAGS})
-    try:
-        matches = (legacy_root / "stamp.json").read_text() == old_stamp
-    except OSError:
-        return
-    if identity["tag"] != TAG or not matches or not (legacy / "build/bin/llama-server").exists():
-        return
-    shutil.rmtree(root / "llama.cpp", ignore_errors=True)
-    legacy.rename(root / "llama.cpp")
-    (legacy_root / "stamp.json").unlink()
-    (root / "stamp.json").write_text(json.dumps({**identity, "adopted": "legacy layout"}))
-
-
 def llama_host_build(jobs: int = 2, tag: str = TAG, mirror: Path | None = None) -> Path:
     """Path of a CPU llama-server built from tag's commit in the llama.cpp mirror (default: the
     testbed's, llama_src.testbed_mirror()); builds it into the cache first when missing.
 
+    The build is the recipe's own: files/llamacpp/build.sh with the environment
+    servefleet.core.llamacpp.build_env gives it, the testbed's flags and the guests' ccache, so
+    a source the guests compiled comes out of the cache here, and the other way round.
     A file lock makes concurrent callers (parallel test workers) wait for one build.
     Set SERVEFLEET_LLAMA_SERVER to use an existing binary for the default source instead.
     """
@@ -133,8 +99,8 @@ def llama_host_build(jobs: int = 2, tag: str = TAG, mirror: Path | None = None) 
     commit = llama_src.commits(mirror, tags=(tag,))[tag]
     identity = _identity(tag, commit)
     root = build_root(tag)
-    source = root / "llama.cpp"
-    binary = source / "build" / "bin" / "llama-server"
+    prefix = root / "prefix"
+    binary = prefix / "bin" / "llama-server"
     stamp = root / "stamp.json"
     root.mkdir(parents=True, exist_ok=True)
 
@@ -146,23 +112,19 @@ def llama_host_build(jobs: int = 2, tag: str = TAG, mirror: Path | None = None) 
         return binary
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        _adopt_legacy_build(root, identity)
         if up_to_date():  # another caller built it while we waited
             return binary
         stamp.unlink(missing_ok=True)
-        shutil.rmtree(source, ignore_errors=True)  # unpacked fresh: the stamp names the commit
-        _archive(mirror, commit, source)
-        env = {**os.environ, **_ccache_env(root)}
+        for old in ("llama.cpp", "build"):  # an older layout's trees
+            shutil.rmtree(root / old, ignore_errors=True)
+        flags = load_group(TESTBED_GROUP)["llamacpp_cmake_flags"]
+        env = build_env(git_url=str(mirror), commit=commit, tag=tag,
+                        flags_hash=flags_hash(commit, flags), src_dir=str(root / "src"),
+                        build_dir=str(root / "build"), prefix=str(prefix), cmake_flags=flags,
+                        launcher_args=_launcher_flags(), jobs=jobs,
+                        ccache_dir=str(shared_ccache()))
         started = time.monotonic()
-        # nice: the build machine is usually shared with other work.
-        subprocess.run(
-            ["nice", "cmake", "-S", ".", "-B", "build", *cmake_flags(tag), *_launcher_flags()],
-            cwd=source, check=True, env=env,
-        )
-        subprocess.run(
-            ["nice", "cmake", "--build", "build", f"-j{jobs}", "--target", "llama-server"],
-            cwd=source, check=True, env=env,
-        )
+        subprocess.run(["sh", str(BUILD_SCRIPT)], check=True, env={**os.environ, **env})
         if not binary.exists():
             raise RuntimeError(f"llama.cpp build finished but {binary} is missing")
         stamp.write_text(json.dumps({**identity, "build_seconds": round(time.monotonic() - started, 1)}))

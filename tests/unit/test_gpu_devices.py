@@ -9,11 +9,12 @@ proprietary-module table from before driver 550.40 (tests/fixtures/devices/).
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
-from servefleet.core import llamacpp, vllm
+from servefleet.core import llamacpp, sandbox, vllm
 from servefleet.core.systemd import render_unit
 from servefleet_dev.testbed.material import load as group_data
 from servefleet_dev.testing.sandbox_model import (CUDA_NODE, DeviceTable, allowed, problems,
@@ -119,3 +120,32 @@ def test_the_syscall_filter_model_expands_systemd_252s_groups(rendered):
     tightened = rendered["vllm"] + "SystemCallFilter=~@file-system\n"
     assert "openat" not in syscall_allow_list(tightened, groups)
     assert len(allow) > 300
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llama.cpp"])
+def test_the_probe_runs_under_exactly_the_units_sandbox(rendered, engine):
+    """One list: the transient unit of the probe gets the unit's hardening lines, its user and
+    environment; on a GPU node root first makes the device nodes, as ExecStartPre=+ does."""
+    spark, rtx = group_data("all", "spark"), group_data("all", "rtx4090")
+    model = "/opt/servefleet/models/org--name/" + "0" * 40
+    if engine == "vllm":
+        ctx, argv = vllm.unit_context(spark, model), vllm.probe_argv(spark)
+        assert argv[0] == "/opt/servefleet/venvs/vllm-0.24.0/bin/python" and "torch.cuda.init()" in argv[2]
+    else:
+        ctx, argv = llamacpp.unit_context(rtx, model, lambda: None), llamacpp.probe_argv(rtx)
+        assert argv == ["/bin/sh", "-c", sandbox.NVIDIA_SMI_PROBE]
+    script = sandbox.probe_script(f"servefleet-{'vllm' if engine == 'vllm' else 'llama'}.service",
+                                  ctx["service_user"], ctx["sandbox"], ctx["environment"], argv,
+                                  gpu=bool(ctx["gpu_setup"]))
+    assert script.startswith("if [ -x /usr/bin/nvidia-modprobe ]; then /usr/bin/nvidia-modprobe -u -c=0")
+    run = script[script.index("systemd-run"):script.index(" 2>&1)")]
+    words = shlex.split(run)
+    props = [w.removeprefix("--property=") for w in words if w.startswith("--property=")]
+    unit_lines = rendered[engine].splitlines()
+    hardening = [f"{k}={v}" for k, v in ctx["sandbox"]]
+    assert all(line in unit_lines for line in hardening)
+    assert [p for p in props if p in hardening] == hardening  # all of them, in order
+    assert "User=servefleet" in props and "Group=servefleet" in props
+    env = [p for p in props if p.startswith("Environment=")]
+    assert [f"Environment={e}" for e in ctx["environment"]] == env
+    assert words[words.index("--") + 1:] == argv
