@@ -27,7 +27,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "h200" /
 def data_files(fixtures: Path = FIXTURES) -> list[str]:
     """index.json and every file it names (recordings and the serve help text)."""
     index = json.loads((fixtures / "index.json").read_text())
-    names = ["index.json", index["serve_help"]["file"]]
+    names = ["index.json", *(entry["file"] for entry in index["serve_help"])]
     names += [rec["file"] for rec in index["recordings"]]
     missing = [n for n in names if not (fixtures / n).is_file()]
     if missing:

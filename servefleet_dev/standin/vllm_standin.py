@@ -6,8 +6,8 @@
 
 It takes exactly the argv the systemd unit gives the real `vllm` console script and:
 
-1. rejects any flag that vLLM 0.24.0's `vllm serve --help=all` does not list (the captured text
-   is in the data dir), with one argparse-style line, exit 2;
+1. rejects any flag that the installed vLLM version's `vllm serve --help=all` does not list (the
+   captured texts are in the data dir, one per version), with one argparse-style line, exit 2;
 2. reads the vLLM version installed in $VIRTUAL_ENV (the dist-info METADATA, no import) and the
    sha256 of MODEL_DIR/config.json, and looks up the real engine's log recorded on an H200 for
    that version, checkpoint, --max-model-len and --kv-cache-memory-bytes (index.json in the data
@@ -267,6 +267,16 @@ def config_sha256(model_dir):
             return hashlib.sha256(f.read()).hexdigest()
     except OSError as exc:
         raise Refusal(f"{ME}: cannot read the checkpoint's config.json ({path}): {exc}") from None
+
+
+def serve_help(index, version):
+    """The `vllm serve --help=all` captured for this version: its flags are the ones accepted."""
+    for entry in index["serve_help"]:
+        if entry["vllm_version"] == version:
+            return entry
+    captured = ", ".join(e["vllm_version"] for e in index["serve_help"])
+    raise Refusal(f"{ME}: no `vllm serve --help=all` of vLLM {version} is captured (captured: "
+                  f"{captured}): its flags are unknown, so no unit of it is checked")
 
 
 def find_recording(index, version, sha, max_model_len, kv_bytes):
@@ -803,7 +813,8 @@ def main(argv=None):
             raise Refusal(f"vllm: error: {ME} implements only `vllm serve`, not {argv[0]!r}", 2)
         data = data_dir()
         index = load_index(data)
-        help_file = os.path.join(data, index["serve_help"]["file"])
+        version = installed_version(os.environ.get("VIRTUAL_ENV"))
+        help_file = os.path.join(data, serve_help(index, version)["file"])
         try:
             with open(help_file, encoding="utf-8") as f:
                 help_text = f.read()
@@ -814,7 +825,6 @@ def main(argv=None):
             sys.stdout.write(help_text)
             sys.stdout.flush()
             return 0
-        version = installed_version(os.environ.get("VIRTUAL_ENV"))
         sha = config_sha256(opts["model"])
         asked = (opts["max_model_len"], opts["kv_cache_memory_bytes"])
         recording = find_recording(index, version, sha, *(replay_instead() or asked))

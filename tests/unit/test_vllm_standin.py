@@ -219,8 +219,11 @@ def test_index_matches_each_recording(rec):
     assert vllm_standin.STARTUP_DONE in text
 
 
+HELP = {entry["vllm_version"]: FIXTURES / entry["file"] for entry in INDEX["serve_help"]}
+
+
 def test_help_text_flags():
-    flags = vllm_standin.option_strings((FIXTURES / INDEX["serve_help"]["file"]).read_text())
+    flags = vllm_standin.option_strings(HELP["0.24.0"].read_text())
     assert len(flags) > 250
     for flag in ("-h", "--help", "--enforce-eager", "--no-enforce-eager", "--language-model-only",
                  "--no-language-model-only", "--disable-log-stats"):
@@ -259,7 +262,9 @@ def test_replays_the_recorded_startup(started, version, max_model_len, kv):
     assert run.stderr == ""
 
 
-@pytest.mark.parametrize("case", ["max_model_len", "kv", "no_kv", "version", "config"])
+# (A version without a captured help text is refused before this: see
+# test_each_version_is_checked_against_its_own_flags.)
+@pytest.mark.parametrize("case", ["max_model_len", "kv", "no_kv", "config"])
 def test_unrecorded_combination_is_refused(tmp_path, model_dir, case):
     model, version, mml, kv = model_dir, "0.24.0", 4096, 2 * GIB
     if case == "max_model_len":
@@ -268,8 +273,6 @@ def test_unrecorded_combination_is_refused(tmp_path, model_dir, case):
         kv = 3 * GIB
     elif case == "no_kv":
         kv = None
-    elif case == "version":
-        version = "0.25.1"
     else:
         model = tmp_path / "other-model"
         model.mkdir()
@@ -313,10 +316,25 @@ def test_real_vllm_flags_are_accepted(started):
     assert call(port, "GET", "/health")[0] == 200
 
 
-def test_help_prints_the_captured_text(tmp_path):
-    run = Run(tmp_path / "run", ["serve", "--help=all"])
+@pytest.mark.parametrize("version", ["0.24.0", "0.26.0"])
+def test_help_prints_the_captured_text_of_the_installed_version(tmp_path, version):
+    run = Run(tmp_path / "run", ["serve", "--help=all"], version=version)
     assert run.wait() == 0
-    assert run.stdout == (FIXTURES / INDEX["serve_help"]["file"]).read_text()
+    assert run.stdout == HELP[version].read_text()
+
+
+def test_each_version_is_checked_against_its_own_flags(tmp_path, model_dir):
+    """A flag one version has and the other lacks: accepted or refused by the installed one."""
+    flags = {v: set(vllm_standin.option_strings(p.read_text())) for v, p in HELP.items()}
+    only_026 = sorted(flags["0.26.0"] - flags["0.24.0"])
+    assert only_026, "0.26.0 adds flags to 0.24.0's"
+    flag = next(f for f in only_026 if f.startswith("--"))
+    refused = Run(tmp_path / "old", ["serve", str(model_dir), flag, "x"], version="0.24.0")
+    assert refused.wait() == 2 and f"unrecognized arguments: {flag}" in refused.stderr
+    unknown = Run(tmp_path / "new", ["serve", str(model_dir)], version="0.25.0")
+    assert unknown.wait() == 1
+    assert "no `vllm serve --help=all` of vLLM 0.25.0 is captured (captured: 0.24.0, 0.26.0)" \
+        in unknown.stderr
 
 
 def test_fail_versions_switch_crashes_every_start(tmp_path, model_dir):
