@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 from servefleet.core import checks as c
 from servefleet.core import contract
 from servefleet.core.errors import DataError
+from servefleet.core.owned_flags import OWNED, owned_flag_problems
 from servefleet.core.secrets import SecretError, read_secret
 
 
@@ -110,6 +111,9 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
                 read_secret(data[key])
             except SecretError as exc:
                 problems.append(f"key {key!r} from {host.source_of(key)}: {exc}")
+    for key in OWNED:
+        if serving:
+            problems += owned_flag_problems(key, data.get(key))
     root = data.get("servefleet_root")
     for key in ("models_root", "depot_store"):
         other = data.get(key)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
@@ -69,20 +70,29 @@ def test_rebuilt_host_matches_a_fresh_one(material_ready, th, role):
     assert kept  # a store / model to keep
     assert h.run(f"touch {ROOT}/state/stale-record").rc == 0
 
-    out = cli("rebuild", INVENTORY, deploy, "--limit", host, "--yes", "--json", *data_for(role))
-    assert out.returncode == 0, out.stderr + out.stdout[-3000:]
-    summary = json.loads(out.stdout)
-    assert summary["hosts"] == [host] and summary["ok"]
-    assert summary["teardown"][host]["changed"] > 0 and summary["converge"][host]["changed"] > 0
-    assert h.check_output(f"find {keep} -type f | sort") == kept  # store / models kept
-    assert not h.file(f"{ROOT}/state/stale-record").exists  # state wiped
-    if role != "depot":
-        releases = json.loads(h.file(f"{ROOT}/state/releases.json").content_string)
-        assert releases["previous"] == []  # a rebuilt node starts with no previous release
+    # The fresh host to compare with comes up and converges side by side with the rebuild
+    # (independent hosts; mostly waiting on apt, pip and health checks).
+    def fresh_host():
+        lifecycle.add(fresh, log=lambda m: None)
+        return pyinfra(INVENTORY, deploy, limit=fresh, data=data, timeout=3600)
 
-    lifecycle.add(fresh, log=lambda m: None)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        fresh_run = pool.submit(fresh_host)
+        out = cli("rebuild", INVENTORY, deploy, "--limit", host, "--yes", "--json",
+                  *data_for(role))
+        fresh_run.exception()  # wait for it
     try:
-        run = pyinfra(INVENTORY, deploy, limit=fresh, data=data, timeout=3600)
+        run = fresh_run.result()
+        assert out.returncode == 0, out.stderr + out.stdout[-3000:]
+        summary = json.loads(out.stdout)
+        assert summary["hosts"] == [host] and summary["ok"]
+        assert summary["teardown"][host]["changed"] > 0
+        assert summary["converge"][host]["changed"] > 0
+        assert h.check_output(f"find {keep} -type f | sort") == kept  # store / models kept
+        assert not h.file(f"{ROOT}/state/stale-record").exists  # state wiped
+        if role != "depot":
+            releases = json.loads(h.file(f"{ROOT}/state/releases.json").content_string)
+            assert releases["previous"] == []  # a rebuilt node starts with no previous release
         assert run.returncode == 0, run.output[-3000:]
         rc1, rebuilt = drift_items(deploy, host, role)
         rc2, new = drift_items(deploy, fresh, role)

@@ -67,7 +67,50 @@ def render_unit_text(data: dict) -> str:
         os.chdir(cwd)
 
 
-CASES = [
+def owned(name: str, args: list, expected: str, llama: bool = False):
+    key = "llamacpp_server_args" if llama else "vllm_extra_args"
+    kw = {"base": RTX, "groups": ("rtx4090",), "recipe": "serve_q4_llamacpp"} if llama else {}
+    return case(f"{key}: {name}", {key: args}, expected, **kw)
+
+
+# Extra arguments may not set again what the recipe renders from data (the engines take the
+# last of a repeated flag): refused naming the key that sets it.
+OWNED_CASES = [
+    owned("a second --host", ["--host", "0.0.0.0"], "'--host' sets what the recipe sets from "
+          "service_host"),
+    owned("--host=", ["--host=0.0.0.0"], "from service_host"),
+    owned("an abbreviated --host", ["--ho", "0.0.0.0"], "from service_host"),
+    owned("the API key in argv", ["--api-key", "sk-x"], "from api_key_file"),
+    owned("--api_key with an underscore", ["--api_key=sk-x"], "from api_key_file"),
+    owned("another port", ["--port", "9"], "from service_port"),
+    owned("a unix socket", ["--uds", "/tmp/s"], "from service_host"),
+    owned("another served name", ["--served-model-name", "gpt-4"], "from served_model_name"),
+    owned("another model", ["--model", "/tmp/evil"], "from model_repo"),
+    owned("another pool", ["--kv-cache-memory-bytes", "1"], "from kv_cache_memory_bytes"),
+    owned("another window", ["--max_model_len=999999"], "from max_model_len"),
+    owned("--no-language-model-only", ["--no-language-model-only"], "from language_model_only"),
+    owned("a second --host", ["--host", "0.0.0.0"], "from service_host", llama=True),
+    owned("the API key in argv", ["--api-key", "sk-x"], "from api_key_file", llama=True),
+    owned("another key file", ["--api-key-file", "/tmp/k"], "from api_key_file", llama=True),
+    owned("-m another model", ["-m", "/tmp/evil.gguf"], "from model_file", llama=True),
+    owned("a model URL", ["--model-url", "http://x/y.gguf"], "from model_file", llama=True),
+    owned("another alias", ["-a", "gpt-4"], "from served_model_name", llama=True),
+    owned("another context", ["-c", "1000000"], "from llamacpp_context", llama=True),
+    owned("its own --override-kv", ["--override-kv", "x=int:1"], "from the GGUF lint",
+          llama=True),
+]
+
+
+def extra_args_that_own_nothing_pass():
+    assert attempt({"vllm_extra_args": ["--enforce-eager", "--gpu-memory-utilization", "0.85",
+                                        "--max-num-seqs", "8"]})() is None
+    assert attempt({"llamacpp_server_args": ["--n-gpu-layers", "all", "-ngl", "99"]}, base=RTX,
+                   groups=("rtx4090",), recipe="serve_q4_llamacpp")() is None
+
+
+CASES = OWNED_CASES + [
+    harmless(CATEGORY, "vllm_extra_args / llamacpp_server_args: flags the recipe does not own",
+             "accepted as they are", extra_args_that_own_nothing_pass),
     case("service_host: IPv6 scope id carrying a directive",
          {"service_host": "fe80::1%eth0\nExecStartPre=/bin/sh"}, "'service_host'"),
     case("service_host: IPv6 scope id", {"service_host": "fe80::1%eth0"},
