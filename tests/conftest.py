@@ -2,6 +2,9 @@
 fresh once per session (whatever a demo or an earlier run left up is never reused)."""
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -99,6 +102,33 @@ def fleet_file(testbed, ssh_key, tmp_path):
     return make
 
 
+_PREFETCH: dict = {}
+
+
+def pytest_collection_finish(session):
+    """A session that runs the e2e tier before the unit tier: make the unit tier's big things
+    in the background meanwhile (servefleet_dev.testing.prefetch; nice'd, same locks)."""
+    tiers = {_tier(item.nodeid) for item in session.items}
+    if {"e2e", "unit"} <= tiers and not os.environ.get("SERVEFLEET_NO_PREFETCH"):
+        log = open(Path(session.config.rootpath) / ".pytest-prefetch.log", "w")
+        _PREFETCH["proc"] = subprocess.Popen(
+            ["nice", "-n", "10", sys.executable, "-m", "servefleet_dev.testing.prefetch"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        _PREFETCH["log"] = log
+
+
+def pytest_sessionfinish(session):
+    proc = _PREFETCH.get("proc")
+    if proc and proc.poll() is None:  # the tests finished first (or were interrupted)
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 TIERS = ("e2e", "hostile", "unit", "other")
 _SESSION_START = time.monotonic()
 
@@ -124,6 +154,11 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{tier:8} {counted[tier]:5} tests  {spent[tier] / 60:6.1f} min")
     terminalreporter.write_line(f"{'session':8} {'':5}        "
                                 f"{(time.monotonic() - _SESSION_START) / 60:6.1f} min (wall)")
+    if _PREFETCH.get("log"):
+        _PREFETCH["log"].flush()
+        for line in Path(_PREFETCH["log"].name).read_text().splitlines():
+            if line.startswith("prefetch: "):
+                terminalreporter.write_line(line)
     tried = handled = failed = 0
     for key in ("passed", "failed", "error"):
         for rep in terminalreporter.stats.get(key, []):

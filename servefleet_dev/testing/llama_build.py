@@ -36,7 +36,8 @@ from servefleet_dev.testing.llama_src import LLAMA_CPP_PYTHON_VERSION, RELEASE_T
 # (src/ and build/ side by side under one base, as build.sh has them on a node) and one ccache
 # (the one the guests use): whichever builds a source first, the other compiles from the cache.
 TESTBED_GROUP = "testbed_rtx4090"
-BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "files" / "llamacpp" / "build.sh"
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "files" / "llamacpp" / "build.sh"
 ENV_OVERRIDE = "SERVEFLEET_LLAMA_SERVER"  # an existing binary for the default source
 
 
@@ -59,7 +60,7 @@ def shared_ccache() -> Path:
 
 def cmake_flags(tag: str = TAG) -> list[str]:
     """-DKEY=VALUE of the testbed's llamacpp_cmake_flags, in build_env's (sorted) order."""
-    flags = load_group(TESTBED_GROUP)["llamacpp_cmake_flags"]
+    flags = load_group(TESTBED_GROUP, REPO)["llamacpp_cmake_flags"]
     return [f"-D{k}={v}" for k, v in sorted(flags.items())]
 
 
@@ -117,7 +118,7 @@ def llama_host_build(jobs: int = 2, tag: str = TAG, mirror: Path | None = None) 
         stamp.unlink(missing_ok=True)
         for old in ("llama.cpp", "build"):  # an older layout's trees
             shutil.rmtree(root / old, ignore_errors=True)
-        flags = load_group(TESTBED_GROUP)["llamacpp_cmake_flags"]
+        flags = load_group(TESTBED_GROUP, REPO)["llamacpp_cmake_flags"]
         env = build_env(git_url=str(mirror), commit=commit, tag=tag,
                         flags_hash=flags_hash(commit, flags), src_dir=str(root / "src"),
                         build_dir=str(root / "build"), prefix=str(prefix), cmake_flags=flags,

@@ -1,0 +1,43 @@
+"""Make, in the background, what the unit tier needs and the e2e tier leaves idle time for.
+
+    python -m servefleet_dev.testing.prefetch
+
+Started by tests/conftest.py when a session runs the e2e tier first: while the testbed's first
+tests wait on apt, pip and health checks, this builds the llama.cpp sources the guests build
+later or the unit tier needs (the recipe's build.sh into the guests' ccache: whoever comes
+second compiles from the cache) and the vLLM loader venv (downloads). Each step takes the same
+lock its test-side caller takes, so nothing is made twice. Nice'd: the tests come first.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from servefleet_dev.testing.llama_build import llama_host_build
+from servefleet_dev.testing.llama_src import LLAMA_CPP_PYTHON_VERSION, RELEASE_TAG
+from servefleet_dev.testing.wheels import vllm_venv
+
+# In the order the e2e tier needs them: the rollout's upgrade tree comes ~25 min in (the guests'
+# first b9785 build comes within minutes, so the host follows them on that one).
+STEPS = (
+    ("vLLM 0.24.0 loader venv", lambda: vllm_venv("0.24.0")),
+    (f"llama.cpp {LLAMA_CPP_PYTHON_VERSION}", lambda: llama_host_build()),
+    (f"llama.cpp {RELEASE_TAG}", lambda: llama_host_build(tag=RELEASE_TAG)),
+)
+
+
+def main() -> int:
+    for name, step in STEPS:
+        started = time.monotonic()
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 (the test that needs it reports it properly)
+            print(f"prefetch: {name}: {exc}", flush=True)
+            continue
+        print(f"prefetch: {name} ready in {time.monotonic() - started:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
