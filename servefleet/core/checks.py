@@ -126,6 +126,11 @@ SYSTEM_DIRS = (
 )
 
 
+# Where a directory servefleet owns and deletes in may be: strictly inside one of these (an allow
+# list: /proc/1/root, /tmp/x, /dev/shm/x, /boot/efi, /etc/..., /usr/... are nowhere on it).
+DEDICATED_PARENTS = ("/opt", "/srv", "/var/lib", "/var/opt", "/mnt", "/data", "/scratch")
+
+
 def dedicated_dir_problem(path: str) -> str | None:
     """Why `path` cannot be a directory servefleet owns and deletes in; None when it can."""
     if not clean_abs_path(path):
@@ -137,12 +142,20 @@ def dedicated_dir_problem(path: str) -> str | None:
             return f"{path} holds the system directory {system}"
     if path.count("/") < 2:
         return f"{path} is not at least two levels deep (e.g. /opt/servefleet)"
+    parent = next((p for p in DEDICATED_PARENTS if path.startswith(p + "/")), None)
+    if parent is None:
+        return (f"{path} is not inside one of {', '.join(DEDICATED_PARENTS)} (where a dedicated "
+                f"directory may be)")
+    for system in SYSTEM_DIRS:  # e.g. /var/lib/dpkg/info: inside /var/lib, but dpkg's
+        if path.startswith(system + "/") and not (parent + "/").startswith(system.rstrip("/") + "/"):
+            return f"{path} is inside the system directory {system}"
     return None
 
 
 DEDICATED_DIR = Check(
-    "a dedicated directory at least two levels deep (e.g. /opt/servefleet), never a system "
-    "directory or a parent of one", lambda v: dedicated_dir_problem(v) is None)
+    "a dedicated directory inside /opt, /srv, /var/lib, /var/opt, /mnt, /data or /scratch "
+    "(e.g. /opt/servefleet), never a system directory, inside one or a parent of one",
+    lambda v: dedicated_dir_problem(v) is None)
 
 
 def inside(path: str, parent: str) -> bool:

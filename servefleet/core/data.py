@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -114,12 +115,34 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
     for key in OWNED:
         if serving:
             problems += owned_flag_problems(key, data.get(key))
+    problems += layout_problems(data)
+    return problems
+
+
+def layout_problems(data: Mapping) -> list[str]:
+    """The directories data relocates against root's tree and each other (core.layout names
+    them): the service user's (models_root) and the depot's store never hold, sit in or share
+    servefleet_root's tree (but at their own default places in it), nor each other."""
+    problems = []
     root = data.get("servefleet_root")
-    for key in ("models_root", "depot_store"):
+    own = {"models_root": "models", "depot_store": "depot"}
+    placed = {}
+    for key, default in own.items():
         other = data.get(key)
-        if root and other and (other == root or c.inside(root, other)):
+        if not (root and other):
+            continue
+        if other == root or c.inside(root, other):
             problems.append(f"key {key!r} = {other!r} holds servefleet_root {root!r}; expected a "
                             f"directory of its own")
+        elif c.inside(other, root) and posixpath.normpath(other) != f"{root}/{default}":
+            problems.append(f"key {key!r} = {other!r} is inside servefleet_root {root!r}, whose "
+                            f"tree is root's; expected {root}/{default} or a directory outside it")
+        placed[key] = other
+    if len(placed) == 2:
+        a, b = placed["models_root"], placed["depot_store"]
+        if a == b or c.inside(a, b) or c.inside(b, a):
+            problems.append(f"keys 'models_root' = {a!r} and 'depot_store' = {b!r} overlap; "
+                            f"expected two separate directories")
     return problems
 
 

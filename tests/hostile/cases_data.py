@@ -108,7 +108,54 @@ def extra_args_that_own_nothing_pass():
                    groups=("rtx4090",), recipe="serve_q4_llamacpp")() is None
 
 
-CASES = OWNED_CASES + [
+# servefleet_root and the relocated directories: an allow list of places, and no overlap with
+# root's tree (the service user owns the models root, rebuild deletes under servefleet_root).
+PLACE_CASES = [
+    case(f"servefleet_root: {path}", {"servefleet_root": path}, why)
+    for path, why in (
+        ("/proc/1/root", "expected a dedicated directory inside /opt"), ("/proc/self/root", "expected a dedicated directory inside /opt"),
+        ("/etc/systemd/system", "expected a dedicated directory inside /opt"),
+        ("/usr/lib/x86_64-linux-gnu", "expected a dedicated directory inside /opt"),
+        ("/var/lib/dpkg/info", "expected a dedicated directory inside /opt"),
+        ("/boot/efi", "expected a dedicated directory inside /opt"), ("/tmp/servefleet", "expected a dedicated directory inside /opt"),
+        ("/dev/shm/servefleet", "expected a dedicated directory inside /opt"), ("/run/servefleet", "expected a dedicated directory inside /opt"),
+        ("/home/op/servefleet", "expected a dedicated directory inside /opt"), ("/sys/fs/x", "expected a dedicated directory inside /opt"),
+        ("/var/lib/systemd/x", "expected a dedicated directory inside /opt"),
+    )
+] + [
+    case(f"models_root: {path}", {"models_root": path}, why)
+    for path, why in (
+        ("/opt/servefleet/bin", "is inside servefleet_root '/opt/servefleet'"),
+        ("/opt/servefleet/venvs", "is inside servefleet_root '/opt/servefleet'"),
+        ("/opt/servefleet/etc", "is inside servefleet_root '/opt/servefleet'"),
+        ("/opt/servefleet/state", "is inside servefleet_root '/opt/servefleet'"),
+        ("/opt/servefleet/tools", "is inside servefleet_root '/opt/servefleet'"),
+        ("/opt/servefleet/llama.cpp", "is inside servefleet_root '/opt/servefleet'"),
+        ("/etc/systemd/system", "expected a dedicated directory inside /opt"), ("/etc/profile.d", "expected a dedicated directory inside /opt"),
+        ("/etc/cron.daily", "expected a dedicated directory inside /opt"), ("/opt/servefleet/models/../bin", "'models_root'"),
+    )
+] + [
+    case("depot_store: root's bin", {"depot_store": "/opt/servefleet/bin"},
+         "is inside servefleet_root '/opt/servefleet'"),
+    case("depot_store: /etc/systemd/system", {"depot_store": "/etc/systemd/system"},
+         "expected a dedicated directory inside /opt"),
+    case("depot_store and models_root: the same directory",
+         {"depot_store": "/srv/big/models", "models_root": "/srv/big/models"}, "overlap"),
+    case("depot_store inside models_root",
+         {"depot_store": "/srv/big/models/depot", "models_root": "/srv/big/models"}, "overlap"),
+]
+
+
+def places_that_are_allowed_pass():
+    for data in ({"servefleet_root": "/srv/servefleet", "models_root": "/mnt/nvme0/models"},
+                 {"models_root": "/opt/servefleet/models", "depot_store": "/opt/servefleet/depot"},
+                 {"servefleet_root": "/var/lib/servefleet", "models_root": "/data/models"}):
+        assert attempt(data)() is None, data
+
+
+CASES = OWNED_CASES + PLACE_CASES + [
+    harmless(CATEGORY, "servefleet_root, models_root, depot_store: places on the allow list",
+             "accepted as they are", places_that_are_allowed_pass),
     harmless(CATEGORY, "vllm_extra_args / llamacpp_server_args: flags the recipe does not own",
              "accepted as they are", extra_args_that_own_nothing_pass),
     case("service_host: IPv6 scope id carrying a directive",
