@@ -95,10 +95,6 @@ def is_loopback(address: str) -> bool:
     return ipaddress.ip_address(address).is_loopback
 
 
-def is_wildcard(address: str) -> bool:
-    return ipaddress.ip_address(address).is_unspecified
-
-
 # --- paths ------------------------------------------------------------------------------------
 
 _PATH_CHARS = re.compile(r"/[A-Za-z0-9._/@+-]*")

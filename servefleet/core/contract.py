@@ -35,9 +35,6 @@ class Knob:
     scope: str = FLEET  # fleet | operational (set by a verb) | testbed (testbed hosts only)
     required_by: tuple[str, ...] = ()  # recipes for which None is not a value
 
-    def applies_to(self, recipe: str) -> bool:
-        return recipe in self.recipes or BASE in self.recipes
-
 
 _MODEL_INCLUDE = c.list_of(c.pattern("a glob pattern without spaces", r"[A-Za-z0-9._*?\[\]/-]+"),
                            non_empty=True)
@@ -168,10 +165,6 @@ PYINFRA_PREFIXES = ("_", "ssh_", "local_", "docker_", "winrm_", "vagrant_", "ter
 
 def is_pyinfra_key(key: str) -> bool:
     return key.startswith(PYINFRA_PREFIXES)
-
-
-def knobs_for(recipe: str) -> list[Knob]:
-    return [k for k in KNOBS if recipe in k.recipes or BASE in k.recipes]
 
 
 def serving_keys() -> list[str]:

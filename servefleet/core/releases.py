@@ -134,10 +134,6 @@ def with_time(release: Release, when: str) -> Release:
     return replace(release, recorded_at=when)
 
 
-def unit_sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def bounded(path: str, parents: list[str]) -> bool:
     """Is `path` strictly inside one of `parents` (normalised)? Pruning deletes nothing else."""
     p = posixpath.normpath(path)

@@ -6,14 +6,15 @@ very same list to a transient unit (`probe_script`, servefleet.operations.sandbo
 that would stop the engine is found before the running service is touched.
 
 GPU access behind DevicePolicy=closed: systemd matches `char-NAME` against the group names in
-/proc/devices (fnmatch) and allows every minor of a matching major. NVIDIA's two kernel modules
-name their groups differently (captured in tests/fixtures/devices/):
-- open module (the only one for Blackwell, the installer's default since R560): `nvidia`
-  (/dev/nvidia0..N, 195:N) and `nvidiactl` (195:255), `nvidia-uvm`, `nvidia-caps`;
-- proprietary module: `nvidia-frontend` (the same major 195), `nvidia-uvm`, `nvidia-caps`.
-A name that /proc/devices does not list matches nothing and is harmless, so the list names both
-flavours. Nothing else: not `nvidia-nvlink`, `nvidia-nvswitch` nor `nvidia-caps-imex-channels`
-(fabric management, not CUDA).
+/proc/devices (fnmatch) and allows every minor of a matching major. NVIDIA's drivers name the
+GPUs' group differently (tables in tests/fixtures/devices/):
+- the open module (the only one for Blackwell, the installer's default since R560) and every
+  driver since 550.40: `nvidia` (/dev/nvidia0..N, 195:N) and `nvidiactl` (195:255);
+- the proprietary module before 550.40: `nvidia-frontend` (the same major 195);
+- both: `nvidia-uvm` (/dev/nvidia-uvm, -tools) and `nvidia-caps` (/dev/nvidia-caps/*).
+A name that /proc/devices does not list matches nothing and is harmless, so the list names all.
+Nothing else: not `nvidia-nvlink`, `nvidia-nvswitch` nor `nvidia-caps-imex-channels` (fabric
+management, not CUDA). /dev/nvidia-modeset (195:254) shares the GPUs' major: allowed too.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import hashlib
 import io
 import shlex
 
-from pyinfra import host, state
+from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.facts.deb import DebPackages

@@ -2,7 +2,7 @@
 
 `begin(recipe)` is how every deploy starts: the host's data is validated against the contract
 (the same check the inventory ran before connecting, repeated here for inventories that are not
-servefleet's), and a host of another role gets a visible no-op. `node()` is the base every
+servefleet's), and a host of another role gets a visible no-op. `node_base()` is the base every
 recipe includes: preflight, OS packages, the service account and the tree, the tools venv.
 """
 

@@ -142,11 +142,6 @@ def _safetensors_header_names(path: Path, where=None) -> list[str]:
     return names
 
 
-def _text_config(config: dict) -> dict:
-    # Multimodal Qwen3.5 configs nest the language model's fields under text_config.
-    return config.get("text_config") or config
-
-
 def builds_vision_tower(config: dict) -> bool:
     """Whether loading this config constructs a vision encoder.
 
