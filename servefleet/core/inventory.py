@@ -257,15 +257,29 @@ class InventoryHost:
 _warned: set[str] = set()
 
 
+def host_key_checking_off(data: dict) -> str | None:
+    """How this host's data switches host-key checking off, or None: the explicit values, and a
+    known_hosts file that keeps nothing (a device such as /dev/null, or an empty path)."""
+    strict = data.get("ssh_strict_host_key_checking")
+    if strict is not None and str(strict).strip().lower() in ("no", "off", "false", "0", ""):
+        return f"ssh_strict_host_key_checking: {strict}"
+    known = data.get("ssh_known_hosts_file")
+    if known is not None:
+        path = Path(str(known)).expanduser()
+        if str(known).strip() == "" or str(path).startswith(("/dev/", "/proc/")) or \
+                (path.exists() and not path.is_file()):
+            return f"ssh_known_hosts_file: {known} (keeps no key)"
+    return None
+
+
 def _warn_host_keys(hosts: Sequence[InventoryHost]) -> None:
     for h in hosts:
-        if str(h.data.get("ssh_strict_host_key_checking", "")).lower() in ("no", "off", "false") \
-                and h.name not in _warned:
+        how = host_key_checking_off(h.data)
+        if how and h.name not in _warned:
             _warned.add(h.name)
             print(f"servefleet: WARNING: SSH host-key checking is OFF for {h.name} "
-                  f"(ssh_strict_host_key_checking: no, {h.data_source}): anyone between you and "
-                  f"it can impersonate the node. Remove the key to trust on first use, or pin "
-                  f"its key in ssh_known_hosts_file.", file=sys.stderr)
+                  f"({how}, {h.data_source}): anyone between you and it can impersonate the "
+                  f"node. Pin its key in ssh_known_hosts_file.", file=sys.stderr)
 
 
 def validate_hosts(hosts: Sequence[InventoryHost], cwd: str | Path = ".") -> None:

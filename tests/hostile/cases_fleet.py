@@ -9,6 +9,8 @@ are written to a temporary directory when the case is checked.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import resource
 import subprocess
@@ -16,6 +18,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from servefleet.core import inventory
 from tests.hostile.cases_gguf import scratch
 from tests.hostile.table import harmless, refused
 
@@ -214,4 +217,40 @@ CASES = [
     harmless(CATEGORY, "plain anchors and aliases for shared values",
              "the hosts are identical to the clean file's",
              _harmless_same(ANCHORED)),
+]
+
+
+# Host-key checking switched off, any way at all: every one prints the warning, naming the key.
+def _warns(name: str, data: dict, key: str):
+    def check():
+        host = inventory.InventoryHost(name="weak-" + str(abs(hash(name)) % 10**6),
+                                       groups=["depot"], data=data, data_source="fleet.yml")
+        inventory._warned.discard(host.name)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            inventory._warn_host_keys([host, host])
+        assert err.getvalue().count(f"SSH host-key checking is OFF for {host.name} ({key}") == 1, \
+            err.getvalue()
+    return harmless(CATEGORY, f"host keys: {name}", f"warned once, naming {key}", check)
+
+
+CASES += [
+    _warns("strict checking 'no'", {"ssh_strict_host_key_checking": "no"},
+           "ssh_strict_host_key_checking"),
+    _warns("strict checking 'OFF'", {"ssh_strict_host_key_checking": "OFF"},
+           "ssh_strict_host_key_checking"),
+    _warns("strict checking False", {"ssh_strict_host_key_checking": False},
+           "ssh_strict_host_key_checking"),
+    _warns("strict checking 0", {"ssh_strict_host_key_checking": 0},
+           "ssh_strict_host_key_checking"),
+    _warns("strict checking ''", {"ssh_strict_host_key_checking": ""},
+           "ssh_strict_host_key_checking"),
+    _warns("strict checking ' No '", {"ssh_strict_host_key_checking": " No "},
+           "ssh_strict_host_key_checking"),
+    _warns("known_hosts /dev/null", {"ssh_known_hosts_file": "/dev/null"}, "ssh_known_hosts_file"),
+    _warns("known_hosts /dev/zero", {"ssh_known_hosts_file": "/dev/zero"}, "ssh_known_hosts_file"),
+    _warns("known_hosts /proc/self/fd/0", {"ssh_known_hosts_file": "/proc/self/fd/0"},
+           "ssh_known_hosts_file"),
+    _warns("known_hosts a directory", {"ssh_known_hosts_file": "/etc"}, "ssh_known_hosts_file"),
+    _warns("known_hosts ''", {"ssh_known_hosts_file": ""}, "ssh_known_hosts_file"),
 ]
