@@ -73,6 +73,9 @@ def test_invalid_data_stops_the_run_before_any_change(bf16, th):
 
 
 def test_serve_bf16_converges_serves_then_is_idempotent(bf16, th):
+    # From no unit at all (earlier tests may have converged this host): a first start follows.
+    th(HOST).run("systemctl disable --now servefleet-vllm.service; "
+                 "rm -f /etc/systemd/system/servefleet-vllm.service; systemctl daemon-reload")
     first = converge()
     assert first.returncode == 0, first.output[-4000:]
     assert first.errors == 0
