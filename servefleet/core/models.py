@@ -11,7 +11,9 @@ import functools
 import json
 import os
 import re
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -61,14 +63,61 @@ class HubCommit:
         return [f for f in self.files if matches(f.path, include)]
 
 
+# Bounds of the operator-side hub client: what a hostile or broken hub can make it do.
+MAX_BODY = 64 * 1024**2  # one API answer (a tree page of 1000 entries is ~300 KB)
+MAX_PAGES = 1000  # pages of one file list (a million files)
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect to another origin is refused: the token (and the next-page check) would not
+    survive it. The token is also an unredirected header, so it never follows one."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if _origin(newurl) != _origin(req.full_url):
+            raise HubError(f"the hub redirected to another origin ({newurl[:100]}); refused")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_SameOriginRedirects)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _read_bounded(resp, deadline: float, timeout: float, what: str) -> bytes:
+    """The body, at most MAX_BODY bytes, all of it within the request's deadline (a hub that
+    drips one byte at a time cannot hold the run: the socket timeout is per read)."""
+    chunks, size = [], 0
+    while True:
+        if time.monotonic() > deadline:
+            raise HubError(f"{what}: the hub's answer took longer than {timeout:g} s; refused")
+        chunk = resp.read1(65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise HubError(f"{what}: the hub's answer is larger than {MAX_BODY} bytes; refused")
+        chunks.append(chunk)
+
+
 def _get_json(url: str, token: str | None, timeout: float, what: str):
     req = urllib.request.Request(url, headers={"Accept": "application/json",
                                                "User-Agent": "servefleet"})
     if token:
-        req.add_header("Authorization", f"Bearer {token}")
+        req.add_unredirected_header("Authorization", f"Bearer {token}")
+    deadline = time.monotonic() + timeout
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read()), resp.headers.get("Link")
+        with _OPENER.open(req, timeout=timeout) as resp:
+            body = _read_bounded(resp, deadline, timeout, what)
+            link = resp.headers.get("Link")
+    except HubError as exc:
+        raise HubError(str(exc) if str(exc).startswith(what) else f"{what}: {exc}") from None
     except urllib.error.HTTPError as exc:
         code = exc.headers.get("X-Error-Code") or ""
         if exc.code in (401, 403) or code in ("RepoNotFound", "GatedRepo"):
@@ -82,6 +131,12 @@ def _get_json(url: str, token: str | None, timeout: float, what: str):
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise HubError(f"{what}: cannot reach the hub: {reason}") from None
+    try:
+        return json.loads(body, parse_constant=_refuse_constant), link
+    except RecursionError:
+        raise HubError(f"{what}: the hub's answer is nested too deep; refused") from None
+    except ValueError as exc:
+        raise HubError(f"{what}: the hub's answer is not JSON ({str(exc)[:80]}); refused") from None
 
 
 def _next_link(link: str | None) -> str | None:
@@ -104,11 +159,16 @@ def hub_commit(endpoint: str, repo_id: str, revision: str, token: str | None = N
         doc, _ = _get_json(f"{endpoint}/api/models/{repo_id}/revision/{quote(revision, safe='')}",
                            token, timeout, what)
         sha = doc.get("sha") if isinstance(doc, dict) else None
-        if not sha or not SHA_RE.fullmatch(sha):
+        if not isinstance(sha, str) or not SHA_RE.fullmatch(sha):
             raise HubError(f"{what}: the hub's answer has no commit sha")
     out: list[HubFile] = []
     url = f"{endpoint}/api/models/{repo_id}/tree/{sha}?recursive=true"
+    seen: set[str] = set()
     while url:
+        if url in seen or len(seen) >= MAX_PAGES:
+            raise HubError(f"{what}: the hub's file list pages in a loop or past {MAX_PAGES} "
+                           f"pages; refused")
+        seen.add(url)
         entries, link = _get_json(url, token, timeout, what)
         if not isinstance(entries, list):
             raise HubError(f"{what}: the hub's file list is not a list")

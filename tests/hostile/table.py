@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 CATEGORIES = ("data values", "fleet.yml files", "GGUF files", "safetensors indexes",
-              "config.json", "hub requests", "depot paths", "patch targets", "key files")
+              "config.json", "hub requests", "hub answers", "depot paths", "patch targets",
+              "key files")
 
 
 @dataclass(frozen=True)
