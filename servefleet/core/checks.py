@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 # Characters that may never reach a node inside a value: C0/C1 controls, DEL, whitespace.
-_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\u2028\u2029\s]")
+# Whitespace, C0/C1 controls, line separators, and the bidi controls that make text read other
+# than it runs ("Trojan Source").
+_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e"
+                     r"\u2066-\u2069\s]")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,14 @@ def _is_str(v) -> bool:
 def safe_text(v) -> bool:
     """A non-empty string with no whitespace or control characters."""
     return _is_str(v) and v != "" and not _UNSAFE.search(v)
+
+
+# Upper bounds for numbers that reach units, command lines and arithmetic on the node: far above
+# any real value, far below what breaks the things they reach (TimeoutStartSec=10^30, -j 10^6).
+BYTES_MAX = 2**50  # 1 PiB
+SECONDS_MAX = 7 * 86400
+TOKENS_MAX = 2**24  # 16.7 M tokens of context
+JOBS_MAX = 1024
 
 
 def integer(lo: int | None = None, hi: int | None = None) -> Check:
@@ -64,7 +75,8 @@ REPO_ID = Check(
     lambda v: _is_str(v) and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", v) is not None
     and ".." not in v)
 # A command-line argument of the engine: no whitespace, quotes, backslashes or control characters.
-ARG = pattern("a string without whitespace, quotes or backslashes", r"[^\s'\"\\\x00-\x1f\x7f]+")
+ARG = pattern("a string without whitespace, quotes, backslashes, control or bidi characters",
+              r"[^\s'\"\\\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]+")
 
 # Account names: what useradd accepts on Debian/Ubuntu, and never an account that is root's.
 _SYSTEM_ACCOUNTS = {"root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news",

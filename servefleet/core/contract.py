@@ -41,6 +41,17 @@ _MODEL_INCLUDE = c.list_of(c.pattern("a glob pattern without spaces", r"[A-Za-z0
 _CMAKE_VAR = c.pattern("a CMake variable name", r"[A-Za-z_][A-Za-z0-9_]*")
 _CMAKE_VALUE = c.pattern("a value of letters, digits and '._-+;,:='",
                          r"[A-Za-z0-9._+;,:=-]+")
+# CMake variables whose value CMake runs or includes (a launcher list `sh;-c;...`, a compiler, a
+# toolchain or include file) are root's to choose, not data's; `;` (a CMake list) only in the
+# architecture lists.
+_CMAKE_RUNS = re.compile(r"CMAKE_\w*(LAUNCHER|COMPILER\w*|LINKER\w*|TOOLCHAIN_FILE|INCLUDE\w*)|"
+                         r"\w*_COMMAND|\w*_EXECUTABLE")
+_CMAKE_FLAGS = c.Check(
+    "{CMake variable: value} without variables CMake runs or includes (*_LAUNCHER, *_COMPILER, "
+    "*_TOOLCHAIN_FILE, *_INCLUDE*, *_COMMAND, *_EXECUTABLE); ';' only in *_ARCHITECTURES",
+    lambda v: c.dict_of(_CMAKE_VAR, _CMAKE_VALUE).ok(v) and all(
+        not _CMAKE_RUNS.fullmatch(k) and (";" not in val or k.endswith("_ARCHITECTURES"))
+        for k, val in v.items()))
 _GIT_URL = c.Check(
     "a git URL (https://, ssh://, git://, file://) or an absolute path, without spaces",
     lambda v: c.clean_abs_path(v) or (isinstance(v, str) and re.fullmatch(
@@ -72,10 +83,10 @@ KNOBS: tuple[Knob, ...] = (
     K("models_root", c.optional(c.DEDICATED_DIR), (BASE,), serving=True),
     # --- preflight -----------------------------------------------------------------------------
     K("require_gpu", c.BOOL, (BASE,)),
-    K("min_driver_version", c.integer(1), (BASE,)),
+    K("min_driver_version", c.integer(1, 100000), (BASE,)),
     K("expected_arch", c.optional(c.one_of("x86_64", "aarch64")), (BASE,)),
-    K("min_free_disk_bytes", c.integer(0), (BASE,)),
-    K("usable_memory_bytes", c.optional(c.integer(1)), (BF16,)),
+    K("min_free_disk_bytes", c.integer(0, c.BYTES_MAX), (BASE,)),
+    K("usable_memory_bytes", c.optional(c.integer(1, c.BYTES_MAX)), (BF16,)),
     # --- OS packages and Python ----------------------------------------------------------------
     K("os_packages", c.dict_of(c.NAME, c.list_of(c.NAME)), (BASE,)),
     K("python_interpreter", c.dict_of(c.NAME, c.TEXT), (BASE,)),
@@ -92,17 +103,17 @@ KNOBS: tuple[Knob, ...] = (
     K("api_key_file", c.optional(_FILE), SERVING + (BENCH,)),
     K("served_model_name", c.optional(c.ARG), SERVING + (BENCH,), serving=True, required_by=SERVING),
     K("service_syscall_filter", _SYSCALL_FILTER, SERVING, serving=True),
-    K("health_timeout_s", c.integer(1), SERVING + (ROLLOUT,)),
-    K("health_settle_s", c.integer(0), SERVING + (ROLLOUT,)),
-    K("releases_keep", c.integer(1), SERVING + (ROLLOUT,)),
+    K("health_timeout_s", c.integer(1, c.SECONDS_MAX), SERVING + (ROLLOUT,)),
+    K("health_settle_s", c.integer(0, 86400), SERVING + (ROLLOUT,)),
+    K("releases_keep", c.integer(1, 100), SERVING + (ROLLOUT,)),
     # --- models --------------------------------------------------------------------------------
     K("hf_endpoint", c.URL, (BF16, Q4, DEPOT, MODEL)),
     K("hf_token_file", c.optional(_FILE), (BF16, Q4, DEPOT, MODEL)),
     K("model_source", c.one_of("hub", "depot"), (BF16, Q4, MODEL)),
     K("depot_host", c.optional(c.NAME), (BF16, Q4, MODEL)),
     K("huggingface_hub_version", c.VERSION, (BF16, Q4, DEPOT, MODEL)),
-    K("download_margin_bytes", c.integer(0), (BF16, Q4, DEPOT, MODEL)),
-    K("hub_timeout_seconds", c.integer(1), (BF16, Q4, DEPOT, MODEL)),
+    K("download_margin_bytes", c.integer(0, c.BYTES_MAX), (BF16, Q4, DEPOT, MODEL)),
+    K("hub_timeout_seconds", c.integer(1, 3600), (BF16, Q4, DEPOT, MODEL)),
     K("model_repo", c.optional(c.REPO_ID), (BF16, Q4, MODEL), serving=True,
       required_by=(BF16, Q4, MODEL)),
     K("model_revision", c.REVISION, (BF16, Q4, MODEL), serving=True),
@@ -112,7 +123,7 @@ KNOBS: tuple[Knob, ...] = (
     K("depot_user", c.ACCOUNT, (DEPOT, BF16, Q4, MODEL)),
     K("depot_address", c.optional(_HOST_ADDRESS), (DEPOT, BF16, Q4, MODEL)),
     K("depot_ssh_key", c.optional(_FILE), (DEPOT, BF16, Q4, MODEL)),
-    K("depot_bwlimit_kib", c.optional(c.integer(1)), (BF16, Q4, MODEL)),
+    K("depot_bwlimit_kib", c.optional(c.integer(1, 2**40)), (BF16, Q4, MODEL)),
     K("depot_store", c.optional(c.DEDICATED_DIR), (DEPOT, BF16, Q4, MODEL)),
     K("depot_models", _DEPOT_MODEL, (DEPOT,)),
     # --- DGX Spark, BF16 vLLM ------------------------------------------------------------------
@@ -122,31 +133,31 @@ KNOBS: tuple[Knob, ...] = (
     K("uv_cache_dir", c.optional(c.ABS_PATH), (BF16,)),
     K("vllm_patch", c.BOOL, (BF16,), serving=True),
     K("language_model_only", c.BOOL, (BF16,), serving=True),
-    K("max_model_len", c.integer(1), (BF16,), serving=True),
-    K("kv_cache_memory_bytes", c.optional(c.integer(1)), (BF16,), serving=True),
-    K("kv_block_alignment", c.integer(1), (BF16,)),
-    K("memory_overhead_bytes", c.integer(0), (BF16,)),
+    K("max_model_len", c.integer(1, c.TOKENS_MAX), (BF16,), serving=True),
+    K("kv_cache_memory_bytes", c.optional(c.integer(1, c.BYTES_MAX)), (BF16,), serving=True),
+    K("kv_block_alignment", c.integer(1, 2**20), (BF16,)),
+    K("memory_overhead_bytes", c.integer(0, c.BYTES_MAX), (BF16,)),
     K("page_cache_policy", c.one_of("auto", "always", "never"), (BF16,)),
     K("page_cache_drop_global", c.BOOL, (BF16,)),
     K("vllm_extra_args", c.list_of(c.ARG), (BF16,), serving=True),
-    K("memory_bandwidth_bytes_per_s", c.optional(c.integer(1)), (BENCH,)),
-    K("bytes_per_token", c.optional(c.integer(1)), (BENCH,)),
+    K("memory_bandwidth_bytes_per_s", c.optional(c.integer(1, c.BYTES_MAX)), (BENCH,)),
+    K("bytes_per_token", c.optional(c.integer(1, c.BYTES_MAX)), (BENCH,)),
     # --- RTX 4090, llama.cpp -------------------------------------------------------------------
     K("llamacpp_git_url", _GIT_URL, (Q4,)),
     K("llamacpp_tag", c.NAME, (Q4,), serving=True),
     K("llamacpp_commit", c.SHA, (Q4,), serving=True),
-    K("llamacpp_cmake_flags", c.dict_of(_CMAKE_VAR, _CMAKE_VALUE), (Q4,), serving=True),
+    K("llamacpp_cmake_flags", _CMAKE_FLAGS, (Q4,), serving=True),
     K("llamacpp_ccache", c.BOOL, (Q4,)),
     K("llamacpp_ccache_dir", c.optional(c.ABS_PATH), (Q4,)),
-    K("llamacpp_build_jobs", c.optional(c.integer(1)), (Q4,)),
-    K("llamacpp_build_min_free_disk_bytes", c.integer(0), (Q4,)),
+    K("llamacpp_build_jobs", c.optional(c.integer(1, c.JOBS_MAX)), (Q4,)),
+    K("llamacpp_build_min_free_disk_bytes", c.integer(0, c.BYTES_MAX), (Q4,)),
     K("llamacpp_min_nvcc_version", c.pattern("a version like 13.0", r"\d+(\.\d+)*"), (Q4,)),
     K("llamacpp_build_packages", c.dict_of(c.NAME, c.list_of(c.NAME)), (Q4,)),
     K("llamacpp_gguf_version", c.VERSION, (Q4,)),
     K("llamacpp_gguf_overrides", c.BOOL, (Q4,), serving=True),
-    K("llamacpp_context", c.integer(1), (Q4,), serving=True),
-    K("llamacpp_context_bytes", c.integer(0), (Q4,), serving=True),
-    K("llamacpp_ram_reserve_bytes", c.integer(0), (Q4,), serving=True),
+    K("llamacpp_context", c.integer(1, c.TOKENS_MAX), (Q4,), serving=True),
+    K("llamacpp_context_bytes", c.integer(0, c.BYTES_MAX), (Q4,), serving=True),
+    K("llamacpp_ram_reserve_bytes", c.integer(0, c.BYTES_MAX), (Q4,), serving=True),
     K("llamacpp_server_args", c.list_of(c.ARG), (Q4,), serving=True),
     # --- operational: set by a verb, not by operators ------------------------------------------
     K("purge_models", c.BOOL, (REBUILD,), scope=OPERATIONAL),

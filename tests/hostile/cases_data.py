@@ -146,6 +146,51 @@ PLACE_CASES = [
 ]
 
 
+def _rtx(name, overrides, expected):
+    return case(name, overrides, expected, base=RTX, groups=("rtx4090",),
+                recipe="serve_q4_llamacpp")
+
+
+_FLAGS = RTX["llamacpp_cmake_flags"]
+# Values accepted before that should not be (the attacker's report, class 11).
+VALUE_CASES = [
+    case("served_model_name: a bidi override (Trojan Source)",
+         {"served_model_name": "tiny\u202egpt"}, "'served_model_name'"),
+    case("served_model_name: a bidi isolate", {"served_model_name": "a\u2066b"},
+         "'served_model_name'"),
+    case("served_model_name: a C1 control", {"served_model_name": "a\x85b"}, "'served_model_name'"),
+    case("health_timeout_s: 10^30 (TimeoutStartSec)", {"health_timeout_s": 10**30},
+         "an integer from 1 to 604800"),
+    case("max_model_len: 10^12", {"max_model_len": 10**12}, "'max_model_len'"),
+    case("kv_cache_memory_bytes: 2^60", {"kv_cache_memory_bytes": 2**60},
+         "'kv_cache_memory_bytes'"),
+    case("releases_keep: 10^9", {"releases_keep": 10**9}, "an integer from 1 to 100"),
+    case("hub_timeout_seconds: 10^9", {"hub_timeout_seconds": 10**9}, "'hub_timeout_seconds'"),
+    _rtx("llamacpp_build_jobs: 1000000 (-j)", {"llamacpp_build_jobs": 10**6},
+         "an integer from 1 to 1024"),
+    _rtx("llamacpp_context: 10^12", {"llamacpp_context": 10**12}, "'llamacpp_context'"),
+    _rtx("llamacpp_cmake_flags: a launcher list sh;-c;...",
+         {"llamacpp_cmake_flags": {**_FLAGS, "CMAKE_C_COMPILER_LAUNCHER": "sh;-c;id"}},
+         "without variables CMake runs"),
+    _rtx("llamacpp_cmake_flags: another compiler",
+         {"llamacpp_cmake_flags": {**_FLAGS, "CMAKE_CXX_COMPILER": "/tmp/evil"}},
+         "'llamacpp_cmake_flags'"),
+    _rtx("llamacpp_cmake_flags: a toolchain file",
+         {"llamacpp_cmake_flags": {**_FLAGS, "CMAKE_TOOLCHAIN_FILE": "/tmp/x.cmake"}},
+         "'llamacpp_cmake_flags'"),
+    _rtx("llamacpp_cmake_flags: a project include",
+         {"llamacpp_cmake_flags": {**_FLAGS, "CMAKE_PROJECT_INCLUDE": "/tmp/x.cmake"}},
+         "'llamacpp_cmake_flags'"),
+    _rtx("llamacpp_cmake_flags: a list in a plain value",
+         {"llamacpp_cmake_flags": {**_FLAGS, "GGML_CUDA": "ON;-DX=1"}}, "'llamacpp_cmake_flags'"),
+]
+
+
+def architecture_lists_pass():
+    assert attempt({"llamacpp_cmake_flags": {**_FLAGS, "CMAKE_CUDA_ARCHITECTURES": "89;90"}},
+                   base=RTX, groups=("rtx4090",), recipe="serve_q4_llamacpp")() is None
+
+
 def places_that_are_allowed_pass():
     for data in ({"servefleet_root": "/srv/servefleet", "models_root": "/mnt/nvme0/models"},
                  {"models_root": "/opt/servefleet/models", "depot_store": "/opt/servefleet/depot"},
@@ -153,7 +198,9 @@ def places_that_are_allowed_pass():
         assert attempt(data)() is None, data
 
 
-CASES = OWNED_CASES + PLACE_CASES + [
+CASES = OWNED_CASES + PLACE_CASES + VALUE_CASES + [
+    harmless(CATEGORY, "llamacpp_cmake_flags: a CMake list of architectures",
+             "accepted as it is", architecture_lists_pass),
     harmless(CATEGORY, "servefleet_root, models_root, depot_store: places on the allow list",
              "accepted as they are", places_that_are_allowed_pass),
     harmless(CATEGORY, "vllm_extra_args / llamacpp_server_args: flags the recipe does not own",
