@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from servefleet.core import checks as c
+from servefleet.core import sandbox
 
 # Recipe labels: deploys/<name>.py, and the verbs that read data of their own.
 BASE, BF16, Q4, DEPOT, MODEL = "base", "serve_bf16", "serve_q4_llamacpp", "depot", "model"
@@ -71,7 +72,7 @@ _SYSCALL_FILTER = c.Check(
     'a list of system-call groups or names, the first an allow ("@system-service"), '
     'then removals ("~@privileged")',
     lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(
-        isinstance(w, str) and re.fullmatch(r"~?@?[a-z][a-z0-9_-]{0,63}", w) for w in v)
+        isinstance(w, str) and sandbox.SYSCALL_WORD.fullmatch(w) for w in v)
     and not v[0].startswith("~"))
 _FILE = c.Check("a path of a file on the operator's machine (no spaces)", c.safe_text)
 

@@ -34,6 +34,8 @@ NVIDIA_MODPROBE = "/usr/bin/nvidia-modprobe"
 GPU_NODES_ARGV = (NVIDIA_MODPROBE, "-u", "-c=0")
 
 DEFAULT_SYSCALL_FILTER = ("@system-service",)
+# One SystemCallFilter= word: a system-call name or @group, `~` in front to remove it.
+SYSCALL_WORD = re.compile(r"~?@?[a-z][a-z0-9_-]{0,63}")
 
 
 def properties(read_write_paths: list[str], gpu: bool, memory_deny_write_execute: bool,
@@ -93,7 +95,7 @@ def _syscall_filter(words) -> list[tuple[str, str]]:
 
 def _syscall_word(word: str) -> str:
     # The data contract checks the knob; this is the second line before a unit file.
-    if not re.fullmatch(r"~?@?[a-z][a-z0-9_-]{0,63}", word):
+    if not SYSCALL_WORD.fullmatch(word):
         raise sd.UnitValueError(f"{word!r} is not a system-call group or name")
     return word
 
