@@ -9,9 +9,24 @@ import time
 from pathlib import Path
 
 # Before anything imports the testbed: the tests' own instance (namespace, subnet, state), never
-# the demo's (instance 0).
-TEST_INSTANCE = os.environ.get("SERVEFLEET_TEST_INSTANCE", "7")
+# the demo's (instance 0). Parallel workers (pytest-xdist, `-n` in pyproject.toml) each get their
+# own: gw0 the base instance, gwN base + 3 + N (8 and 9 belong to test_testbed and benchmarks).
+_BASE_INSTANCE = int(os.environ.get("SERVEFLEET_TEST_INSTANCE", "7"))
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_WORKER_INDEX = int(_WORKER[2:]) if _WORKER.startswith("gw") else 0
+TEST_INSTANCE = str(_BASE_INSTANCE + (3 + _WORKER_INDEX if _WORKER_INDEX else 0))
 os.environ["SERVEFLEET_TESTBED_INSTANCE"] = TEST_INSTANCE
+
+if _WORKER:
+    # pyinfra_cli (imported by servefleet) runs gevent's patch_all() on import. In an xdist
+    # worker that would turn the Event and queues its I/O thread (a real thread, started
+    # before) signals into gevent ones, which a real thread cannot wake: the worker dies "This
+    # operation would block forever". Workers run unpatched: the tests drive pyinfra through
+    # its CLI in subprocesses, and whatever runs pyinfra in-process still works unpatched
+    # (connections one after another instead of side by side).
+    from gevent import monkey
+
+    monkey.patch_all = lambda *args, **kwargs: None
 
 import pytest  # noqa: E402
 
@@ -102,17 +117,64 @@ def fleet_file(testbed, ssh_key, tmp_path):
     return make
 
 
+# The e2e tier in two halves, each on its own testbed instance in its own worker, side by side
+# with a third worker running the unit and hostile tiers (`-n 3 --dist loadgroup`). The halves
+# are balanced by measured time (README, "Test time"); each module converges the hosts it
+# needs, so a module does not depend on which half ran before it. Within a half, modules run in
+# this order; test_zz_teardown, which takes its instance down, comes last in its half.
+E2E_HALVES = {
+    "e2e-hosts": ["test_testbed", "test_base", "test_drift", "test_models", "test_spark",
+                  "test_security", "test_status_bench", "test_zz_teardown"],
+    "e2e-llama": ["test_drift_recipes", "test_llamacpp", "test_rollout", "test_rebuild"],
+}
+_HALF_OF = {module: (half, pos) for half, modules in E2E_HALVES.items()
+            for pos, module in enumerate(modules)}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each e2e test joins its half (an xdist group: one worker runs a half, in order); the
+    halves' tests come first, so the workers start on them while the third takes the rest."""
+    def key(item):
+        module = Path(str(item.fspath)).stem
+        if _tier(item.nodeid) != "e2e":
+            return (1, "", 0)
+        if module not in _HALF_OF:
+            raise pytest.UsageError(f"{item.nodeid}: e2e module not in tests/conftest.py "
+                                    "E2E_HALVES (every e2e module belongs to one half)")
+        half, pos = _HALF_OF[module]
+        return (0, half, pos)
+
+    items.sort(key=key)  # stable: each module keeps its own order
+    for item in items:
+        if _tier(item.nodeid) == "e2e":
+            item.add_marker(pytest.mark.xdist_group(_HALF_OF[Path(str(item.fspath)).stem][0]))
+
+
+_NICED: list = []
+
+
+def pytest_runtest_setup(item):
+    """A worker running the unit or hostile tier beside the e2e halves yields the CPU to them:
+    the e2e tier waits on hosts, the unit tier only on the CPU."""
+    if _WORKER and _tier(item.nodeid) != "e2e" and not _NICED:
+        os.nice(5)
+        _NICED.append(True)
+
+
 _PREFETCH: dict = {}
+PREFETCH_LOG = ".pytest-prefetch.log"
 
 
 def pytest_collection_finish(session):
-    """A session that runs the e2e tier before the unit tier: make the unit tier's big things
-    in the background meanwhile (servefleet_dev.testing.prefetch; nice'd, same locks)."""
+    """A session that runs the e2e tier and the unit tier: make the unit tier's big things in
+    the background meanwhile (servefleet_dev.testing.prefetch; nice'd, same locks). Under
+    xdist every worker collects: the first one starts it."""
     tiers = {_tier(item.nodeid) for item in session.items}
-    if {"e2e", "unit"} <= tiers and not os.environ.get("SERVEFLEET_NO_PREFETCH"):
-        log = open(Path(session.config.rootpath) / ".pytest-prefetch.log", "w")
+    if ({"e2e", "unit"} <= tiers and _WORKER in ("", "gw0")
+            and not os.environ.get("SERVEFLEET_NO_PREFETCH")):
+        log = open(Path(session.config.rootpath) / PREFETCH_LOG, "w")
         _PREFETCH["proc"] = subprocess.Popen(
-            ["nice", "-n", "10", sys.executable, "-m", "servefleet_dev.testing.prefetch"],
+            ["nice", "-n", "5", sys.executable, "-m", "servefleet_dev.testing.prefetch"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         _PREFETCH["log"] = log
@@ -131,6 +193,7 @@ def pytest_sessionfinish(session):
 
 TIERS = ("e2e", "hostile", "unit", "other")
 _SESSION_START = time.monotonic()
+_SESSION_WALL_START = time.time()
 
 
 def _tier(nodeid: str) -> str:
@@ -139,24 +202,36 @@ def _tier(nodeid: str) -> str:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Where the time went (per tier: setup + call + teardown of its tests) and the hostile-input
-    suite's count: tried, handled, failed."""
+    """Where the time went (per tier, and per e2e half and module: setup + call + teardown of
+    its tests) and the hostile-input suite's count: tried, handled, failed."""
     spent = dict.fromkeys(TIERS, 0.0)
     counted = dict.fromkeys(TIERS, 0)
+    modules: dict[str, float] = {}
     for reports in terminalreporter.stats.values():
         for rep in reports:
             if hasattr(rep, "duration") and hasattr(rep, "nodeid") and hasattr(rep, "when"):
-                spent[_tier(rep.nodeid)] += rep.duration
-                counted[_tier(rep.nodeid)] += rep.when == "call"
-    terminalreporter.write_sep("-", "time per tier")
+                tier = _tier(rep.nodeid)
+                spent[tier] += rep.duration
+                counted[tier] += rep.when == "call"
+                if tier == "e2e":
+                    module = rep.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+                    modules[module] = modules.get(module, 0.0) + rep.duration
+    terminalreporter.write_sep("-", "time per tier (workers run side by side: the sum exceeds "
+                                    "the wall time)")
     for tier in TIERS:
         if counted[tier] or spent[tier]:
             terminalreporter.write_line(f"{tier:8} {counted[tier]:5} tests  {spent[tier] / 60:6.1f} min")
+    for half, names in E2E_HALVES.items():
+        if any(n in modules for n in names):
+            terminalreporter.write_line(
+                f"  {half}: {sum(modules.get(n, 0) for n in names) / 60:.1f} min = "
+                + ", ".join(f"{n.removeprefix('test_')} {modules.get(n, 0) / 60:.1f}"
+                            for n in names))
     terminalreporter.write_line(f"{'session':8} {'':5}        "
                                 f"{(time.monotonic() - _SESSION_START) / 60:6.1f} min (wall)")
-    if _PREFETCH.get("log"):
-        _PREFETCH["log"].flush()
-        for line in Path(_PREFETCH["log"].name).read_text().splitlines():
+    prefetch_log = Path(terminalreporter.config.rootpath) / PREFETCH_LOG
+    if prefetch_log.exists() and prefetch_log.stat().st_mtime >= _SESSION_WALL_START:
+        for line in prefetch_log.read_text().splitlines():
             if line.startswith("prefetch: "):
                 terminalreporter.write_line(line)
     tried = handled = failed = 0

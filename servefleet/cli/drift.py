@@ -22,6 +22,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable report (see README)")
     p.add_argument("--wide", action="store_true", help="expected and found in full")
     p.add_argument("--all", action="store_true", help="list in-sync items too")
+    p.add_argument("--debug", action="store_true",
+                   help="pyinfra's debug log on stderr (each command run on a host)")
     p.set_defaults(func=run)
 
 
@@ -71,7 +73,7 @@ def render(report: drift.Report, show_all: bool = False, wide: bool = False) -> 
 def run(args) -> int:
     logging.getLogger("pyinfra").setLevel(logging.ERROR)  # our report is the output
     report = drift.check(args.inventory, args.deploy, limit=args.limit,
-                         data=parse_data(args.data))
+                         data=parse_data(args.data), debug=args.debug)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -22,6 +22,41 @@ def parse_os_release(lines: list[str]) -> dict:
     return info
 
 
+def parse_installed_debs(lines: list[str]) -> set[str]:
+    """Names whose dpkg status is ``ii`` (installed, no error) from ``dpkg-query -W -f='${db:
+    Status-Abbrev} ${Package}\n'``: a package removed with its configuration kept is ``rc``."""
+    found = set()
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "ii":
+            found.add(parts[1].split(":")[0])  # git:amd64 on multi-arch nodes
+    return found
+
+
+def parse_account(lines: list[str]) -> dict:
+    """``{"user": {name, uid, gid, home, shell} | None, "group": {name, gid} | None}`` from
+    ``getent passwd`` / ``getent group`` lines prefixed ``passwd:`` / ``group:``."""
+    found: dict = {"user": None, "group": None}
+    for line in lines:
+        kind, _, entry = line.partition(":")
+        fields = entry.split(":")
+        if kind == "passwd" and len(fields) == 7:
+            found["user"] = {"name": fields[0], "uid": fields[2], "gid": fields[3],
+                             "home": fields[5], "shell": fields[6]}
+        elif kind == "group" and len(fields) >= 3:
+            found["group"] = {"name": fields[0], "gid": fields[2]}
+    return found
+
+
+def parse_path_stat(lines: list[str]) -> dict | None:
+    """``stat -c '%F|%U|%G|%a'`` as {type, user, group, mode}; None when the path is absent."""
+    fields = (lines[0] if lines else "").strip().split("|")
+    if len(fields) != 4:
+        return None
+    kind, user, group, mode = fields
+    return {"type": kind, "user": user, "group": group, "mode": mode}
+
+
 def parse_meminfo(lines: list[str]) -> dict:
     values = {}
     for line in lines:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from servefleet.core.node import (NVIDIA_SMI_QUERY, parse_meminfo, parse_nvidia_smi,
-                                  parse_os_release)
+from servefleet.core.node import (NVIDIA_SMI_QUERY, parse_account, parse_installed_debs,
+                                  parse_meminfo, parse_nvidia_smi, parse_os_release,
+                                  parse_path_stat)
 
 
 class OsRelease(FactBase):
@@ -85,3 +86,42 @@ class DirEntries(FactBase):
 
     def process(self, output):
         return [line.strip() for line in output if line.strip()]
+
+
+class InstalledDebs(FactBase):
+    """Which of the named Debian packages are installed (dpkg's status ``ii``): a set. Asks
+    dpkg about these names only, instead of listing every package."""
+
+    default = set
+
+    def command(self, names: tuple[str, ...]):
+        return StringCommand("dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'",
+                             *[QuoteString(n) for n in names], "2>/dev/null; true")
+
+    def process(self, output):
+        return parse_installed_debs(output)
+
+
+class Account(FactBase):
+    """A system account and its group: ``{"user": passwd fields or None, "group": group fields
+    or None}`` (``getent``: local files or whatever NSS the node uses)."""
+
+    default = dict
+
+    def command(self, user: str, group: str):
+        return StringCommand("getent passwd", QuoteString(user), "| sed 's/^/passwd:/';",
+                             "getent group", QuoteString(group), "| sed 's/^/group:/'; true")
+
+    def process(self, output):
+        return parse_account(output)
+
+
+class PathStat(FactBase):
+    """Type, owner, group and mode of a path, not following a final symlink:
+    ``{"type": "directory", "user": "root", "group": "root", "mode": "755"}``, or None."""
+
+    def command(self, path: str):
+        return StringCommand("stat -c '%F|%U|%G|%a' --", QuoteString(path), "2>/dev/null; true")
+
+    def process(self, output):
+        return parse_path_stat(output)

@@ -20,6 +20,7 @@ from pyinfra import host, state
 from pyinfra.api import StringCommand, operation
 
 from servefleet.core.llamacpp import build_env, build_present, build_problems
+from servefleet.facts import batch
 from servefleet.facts.llamacpp import GgufLint, LlamaBuilds, Nvcc
 from servefleet.facts.node import FreeDiskBytes
 from servefleet.operations.node import fail_host, upload
@@ -65,14 +66,14 @@ def build(build: str, prefix: str, src_dir: str, build_dir: str, script: str, gi
                        commit="8be759e6f70d629638a7eb70db3824cbdcea370b", tag="b9784",
                        cmake_flags={"GGML_CUDA": "ON"}, flags_hash="0123abcd4567", cuda=True)
     """
-    builds = host.get_fact(LlamaBuilds, llama_dir=llama_dir)
+    builds = batch.get(host, LlamaBuilds, llama_dir=llama_dir)
     if build_present(builds, build, commit, cmake_flags):
         host.noop(f"llama.cpp {build} is installed: {builds.records[build].get('version')}")
         return
-    nvcc = host.get_fact(Nvcc) if cuda else None
+    nvcc = batch.get(host, Nvcc) if cuda else None
     problems = build_problems(
         cuda=cuda and bool(min_nvcc), nvcc=nvcc, min_nvcc=min_nvcc or "0",
-        free_disk=host.get_fact(FreeDiskBytes, path=llama_dir), min_free_disk=min_free_disk,
+        free_disk=batch.get(host, FreeDiskBytes, path=llama_dir), min_free_disk=min_free_disk,
         root=llama_dir)
     if problems:
         yield fail_host(f"llama.cpp build preflight failed on {host.name}: " + "; ".join(problems))
@@ -102,7 +103,7 @@ def switch(llama_dir: str, prefix: str, current: str):
         llamacpp.switch(llama_dir="/opt/servefleet/llama.cpp", current="/opt/servefleet/llama.cpp/current",
                         prefix="/opt/servefleet/llama.cpp/b9784-0123abcd4567")
     """
-    builds = host.get_fact(LlamaBuilds, llama_dir=llama_dir)
+    builds = batch.get(host, LlamaBuilds, llama_dir=llama_dir)
     if builds.current == prefix:
         host.noop(f"llama.cpp current is {prefix.rsplit('/', 1)[-1]}")
         return
@@ -131,7 +132,7 @@ def check_gguf(python: str, script: str, path: str, user: str):
         llamacpp.check_gguf(python="/opt/servefleet/tools/venv/bin/python", user="servefleet",
                             script="/opt/servefleet/bin/gguf_lint.py", path="/m/model.gguf")
     """
-    lint = host.get_fact(GgufLint, python=python, script=script, path=path, user=user)
+    lint = batch.get(host, GgufLint, python=python, script=script, path=path, user=user)
     if lint.state == "ok":
         host.noop(f"GGUF lint of {path}: " + (f"--override-kv {lint.flag}" if lint.flag else "no defect"))
     elif lint.state == "error":

@@ -12,6 +12,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from servefleet.core.models import SHA_RE, HubError, hub_commit, operator_token, satisfies
+from servefleet.facts import batch
 from servefleet.facts.depot import DepotRef
 from servefleet.facts.models import VerifiedModel
 from servefleet.operations.depot import locate, ref_on_depot
@@ -47,7 +48,7 @@ def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: st
 
     **Example:** servefleet.recipes.models.ensure_model fills every argument from data.
     """
-    record = host.get_fact(VerifiedModel, path=dest)
+    record = batch.get(host, VerifiedModel, path=dest)
     pinned = bool(SHA_RE.fullmatch(revision))
     if record and pinned and satisfies(record, repo_id, revision, include):
         host.noop(f"{repo_id}@{revision[:12]} is verified in {dest}")
@@ -117,6 +118,6 @@ def depot_copy(repo_id: str, revision: str, include: list[str], dest_of, ref_fil
     dest = dest_of(commit.sha)
     yield from fetch._inner(repo_id=repo_id, revision=revision, include=include, dest=dest,
                             source="hub", request_file=request_of(dest), **args)
-    if host.get_fact(DepotRef, ref_file=ref_file) != commit.sha:
+    if batch.get(host, DepotRef, ref_file=ref_file) != commit.sha:
         # After the fetch command: a failed verification stops the host before the ref moves.
         yield from upload._inner(dest=ref_file, content=commit.sha + "\n", mode="644")

@@ -12,12 +12,14 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
-from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Sha256File
 from pyinfra.operations import apt
 
 from servefleet.core.node import node_problems
-from servefleet.facts.node import CpuArch, FreeDiskBytes, NvidiaGpus
+from servefleet.facts import batch
+from servefleet.facts.node import (Account, CpuArch, FreeDiskBytes, InstalledDebs, NvidiaGpus,
+                                   PathStat)
+from servefleet.facts.systemd import UnitState
 
 
 def fail_host(message: str):
@@ -58,9 +60,9 @@ def preflight(data: dict):
         node.preflight(data=host.data.dict())
     """
     problems = node_problems(
-        arch=host.get_fact(CpuArch),
-        gpus=host.get_fact(NvidiaGpus),
-        free_disk=host.get_fact(FreeDiskBytes, path=data["servefleet_root"]),
+        arch=batch.get(host, CpuArch),
+        gpus=batch.get(host, NvidiaGpus),
+        free_disk=batch.get(host, FreeDiskBytes, path=data["servefleet_root"]),
         data=data,
     )
     if problems:
@@ -70,11 +72,14 @@ def preflight(data: dict):
 
 
 @operation()
-def os_packages(packages: list[str]):
+def os_packages(packages: list[str], query: tuple[str, ...] = ()):
     """
     Install apt packages, refreshing the package lists only when something is missing.
 
     + packages: Debian/Ubuntu package names
+    + query: the names to ask dpkg about (default: ``packages``). A recipe passes every distro
+      family's names, so the read does not depend on the family and can be batched with the
+      node's other facts (servefleet.facts.batch).
 
     ``apt.packages(update=True)`` would refresh the lists on every run and count as a change.
 
@@ -84,7 +89,8 @@ def os_packages(packages: list[str]):
 
         node.os_packages(packages=["git", "rsync"])
     """
-    installed = host.get_fact(DebPackages)
+    names = tuple(query) or tuple(sorted(set(packages)))
+    installed = batch.get(host, InstalledDebs, names=names)
     missing = [p for p in packages if p not in installed]
     if not missing:
         host.noop(f"OS packages present: {', '.join(packages)}")
@@ -93,6 +99,144 @@ def os_packages(packages: list[str]):
     # Wait for a dpkg lock held by e.g. unattended-upgrades at boot instead of failing.
     yield from apt.packages._inner(packages=missing, no_recommends=True,
                                    extra_install_args="-o DPkg::Lock::Timeout=300")
+    batch.forget(host)
+
+
+@operation()
+def account(user: str, home: str, shell: str = "/usr/sbin/nologin"):
+    """
+    A system account ``user`` with a system group of the same name as its primary group, the
+    given home (not created) and shell.
+
+    + user: the account (and its group's) name
+    + home: its home directory (made elsewhere, with the owner and mode it needs)
+    + shell: its login shell
+
+    **Example:**
+
+    .. code:: python
+
+        node.account(user="servefleet", home="/opt/servefleet/cache")
+    """
+    found = batch.get(host, Account, user=user, group=user)
+    group, passwd = found.get("group"), found.get("user")
+    if group and passwd and passwd["gid"] == group["gid"] and passwd["home"] == home \
+            and passwd["shell"] == shell:
+        host.noop(f"account {user} (group {user}, home {home}, shell {shell})")
+        return
+    if not group:
+        yield StringCommand("groupadd", "--system", shlex.quote(user))
+    flags = ["--gid", shlex.quote(user), "--shell", shlex.quote(shell)]
+    if passwd:  # usermod spells it --home, useradd --home-dir
+        yield StringCommand("usermod", *flags, "--home", shlex.quote(home), shlex.quote(user))
+    else:
+        yield StringCommand("useradd", "--system", "--no-create-home", *flags, "--home-dir",
+                            shlex.quote(home), shlex.quote(user))
+    batch.forget(host)
+
+
+@operation()
+def owned_file(path: str, user: str = "root", group: str = "root", mode: str = "644"):
+    """
+    A regular file (created empty when missing) with this owner, group and mode.
+
+    + path: the file
+    + user, group: its owner
+    + mode: its permission bits, octal (``"644"``)
+
+    Anything else at ``path`` (a directory, a symlink) fails this host.
+
+    **Example:**
+
+    .. code:: python
+
+        node.owned_file(path="/opt/servefleet/venvs/vllm-0.24.0/.lock", mode="644")
+    """
+    found = batch.get(host, PathStat, path=path)
+    if found and found["type"] not in ("regular file", "regular empty file"):
+        yield fail_host(f"{path} on {host.name} is a {found['type']}, not a regular file")
+        return
+    if found and (found["user"], found["group"]) == (user, group) \
+            and _mode(found["mode"]) == _mode(mode):
+        host.noop(f"{path} is a file ({user}:{group} {mode})")
+        return
+    quoted = shlex.quote(path)
+    if not found:
+        yield StringCommand("touch", "--", quoted)
+    yield StringCommand("chown", shlex.quote(f"{user}:{group}"), "--", quoted)
+    yield StringCommand("chmod", shlex.quote(mode), "--", quoted)
+
+
+@operation()
+def service(unit: str, running: bool = True, enabled: bool = True):
+    """
+    A systemd unit running (or stopped) and enabled (or not), as data says.
+
+    + unit: the unit, e.g. ``servefleet-llama.service``
+    + running: started when inactive; False: stopped when active
+    + enabled: enabled at boot; False: disabled
+
+    pyinfra's ``systemd.service`` reads the state in two commands of its own; this reads the
+    unit's one ``systemctl show`` (facts.systemd.UnitState), which a recipe plans with its other
+    reads (servefleet.facts.batch).
+
+    **Example:**
+
+    .. code:: python
+
+        node.service(unit="servefleet-llama.service", running=True, enabled=True)
+    """
+    state = batch.get(host, UnitState, unit=unit)
+    quoted = shlex.quote(unit)
+    if running and not state["active"]:
+        yield StringCommand("systemctl", "start", quoted)
+    elif not running and state["active"]:
+        yield StringCommand("systemctl", "stop", quoted)
+    if enabled and not state["enabled"]:
+        yield StringCommand("systemctl", "enable", quoted)
+    elif not enabled and state["enabled"]:
+        yield StringCommand("systemctl", "disable", quoted)
+    if state["active"] == running and state["enabled"] == enabled:
+        host.noop(f"{unit} is {'running' if running else 'stopped'}, "
+                  f"{'enabled' if enabled else 'disabled'}")
+
+
+def _mode(text) -> int:
+    return int(str(text), 8)
+
+
+@operation()
+def directory(path: str, user: str = "root", group: str = "root", mode: str = "755"):
+    """
+    A directory with this owner, group and mode (created with its parents when missing).
+
+    + path: the directory
+    + user, group: its owner
+    + mode: its permission bits, octal (``"755"``)
+
+    Anything else at ``path`` (a file, a symlink) fails this host: replacing it could follow a
+    link out of the tree.
+
+    **Example:**
+
+    .. code:: python
+
+        node.directory(path="/opt/servefleet/models", user="servefleet", group="servefleet")
+    """
+    found = batch.get(host, PathStat, path=path)
+    if found and found["type"] != "directory":
+        yield fail_host(f"{path} on {host.name} is a {found['type']}, not a directory")
+        return
+    if found and (found["user"], found["group"]) == (user, group) \
+            and _mode(found["mode"]) == _mode(mode):
+        host.noop(f"{path} is a directory ({user}:{group} {mode})")
+        return
+    quoted = shlex.quote(path)
+    if not found:
+        yield StringCommand("mkdir", "-p", "--", quoted)
+    yield StringCommand("chown", shlex.quote(f"{user}:{group}"), "--", quoted)
+    yield StringCommand("chmod", shlex.quote(mode), "--", quoted)
+    batch.forget(host)
 
 
 @operation()
@@ -179,8 +323,8 @@ def upload(dest: str, content, owner: str = "root", group: str = "root", mode: s
     data = Content(content.encode() if isinstance(content, str) else content)
     if secret and mode.lstrip("0") not in ("600", "400", "640", "440"):
         raise ValueError(f"secret {dest}: mode {mode} lets others read it")
-    stat = host.get_fact(File, path=dest)
-    same = bool(stat) and host.get_fact(Sha256File, path=dest) == hashlib.sha256(data).hexdigest()
+    stat = batch.get(host, File, path=dest)
+    same = bool(stat) and batch.get(host, Sha256File, path=dest) == hashlib.sha256(data).hexdigest()
     if same and stat.get("user") == owner and stat.get("group") == group \
             and str(stat.get("mode")) == mode.lstrip("0"):
         host.noop(f"{dest} is in place ({owner}:{group} {mode})")
@@ -201,7 +345,7 @@ def absent(path: str):
 
         node.absent(name="No API key", path="/opt/servefleet/etc/api-key")
     """
-    if host.get_fact(File, path=path) is None:
+    if batch.get(host, File, path=path) is None:
         host.noop(f"{path} is absent")
         return
     yield StringCommand("rm", "-f", shlex.quote(path))
@@ -227,7 +371,7 @@ def root_owned(path: str):
 
         node.root_owned(path="/var/cache/servefleet/standin/vllm-standin")
     """
-    stat = host.get_fact(File, path=path)
+    stat = batch.get(host, File, path=path)
     if not stat:
         yield fail_host(f"{path} does not exist on {host.name}")
     elif stat.get("user") != "root" or _others_may_write(stat.get("mode")):

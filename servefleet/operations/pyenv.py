@@ -11,9 +11,9 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import operation
-from pyinfra.facts.files import File
-
 from servefleet.core.vllm import version_problems, versions_match
+from servefleet.facts import batch
+from servefleet.facts.node import PathStat
 from servefleet.facts.vllm import DistVersions, TorchCuda
 from servefleet.operations.node import fail_host
 
@@ -42,7 +42,7 @@ def venv(path: str, python: str = "python3", uv: str | None = None, env: dict | 
         pyenv.venv(path="/opt/servefleet/venvs/vllm-0.24.0",
                    uv="/opt/servefleet/tools/venv/bin/uv", python="python3")
     """
-    if host.get_fact(File, path=f"{path.rstrip('/')}/pyvenv.cfg"):
+    if batch.get(host, PathStat, path=f"{path.rstrip('/')}/pyvenv.cfg"):
         host.noop(f"venv {path} exists")
         return
     if uv:
@@ -50,11 +50,12 @@ def venv(path: str, python: str = "python3", uv: str | None = None, env: dict | 
                f"{shlex.quote(path)}")
     else:
         yield f"{_env_prefix(env)}{shlex.quote(python)} -m venv {shlex.quote(path)}"
+    batch.forget(host)
 
 
 def _problems(venv: str, pins: dict, torch_cuda: str | None) -> list[str]:
-    found = host.get_fact(DistVersions, venv=venv, names=tuple(pins))
-    cuda = host.get_fact(TorchCuda, venv=venv) if torch_cuda and "torch" in found else None
+    found = batch.get(host, DistVersions, venv=venv, names=tuple(pins))
+    cuda = batch.get(host, TorchCuda, venv=venv) if torch_cuda and "torch" in found else None
     return version_problems(found, pins, cuda, torch_cuda, venv)
 
 
@@ -83,7 +84,7 @@ def packages(venv: str, pins: dict, sources: list[str] = (), no_deps: bool = Fal
         pyenv.packages(venv="/opt/servefleet/venvs/vllm-0.24.0", uv="/opt/servefleet/tools/venv/bin/uv",
                        pins={"torch": "2.11.0", "vllm": "0.24.0"}, torch_cuda="13.0")
     """
-    found = host.get_fact(DistVersions, venv=venv, names=tuple(pins))
+    found = batch.get(host, DistVersions, venv=venv, names=tuple(pins))
     if versions_match(found, pins):
         problems = _problems(venv, pins, torch_cuda)
         if problems:
@@ -104,6 +105,7 @@ def packages(venv: str, pins: dict, sources: list[str] = (), no_deps: bool = Fal
     yield _env_prefix(env) + " ".join(shlex.quote(a) for a in args)
 
     # Execution resumes here after the install ran: read the venv back (fresh facts).
+    batch.forget(host)
     problems = _problems(venv, pins, torch_cuda)
     if problems:
         yield fail_host(f"{host.name}: after installing, " + "; ".join(problems))

@@ -11,6 +11,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from servefleet.core import releases as rel
+from servefleet.facts import batch
 from servefleet.facts.releases import NodeReleases, RunningRelease
 from servefleet.operations.node import fail_host, upload
 
@@ -33,7 +34,7 @@ def record(releases_file: str, release, keep: int, bounds: list[str]):
 
     **Example:** servefleet.recipes.release.record fills every argument.
     """
-    current = host.get_fact(NodeReleases, path=releases_file)
+    current = batch.get(host, NodeReleases, path=releases_file)
     new = release()
     if current.current and current.current.id == new.id and not current.rolled_back_from:
         host.noop(f"release {new.describe} is recorded")
@@ -79,8 +80,8 @@ def rollback(releases_file: str, running_file: str, unit_dir: str, llama_current
                          unit_dir="/etc/systemd/system",
                          llama_current="/opt/servefleet/llama.cpp/current")
     """
-    records = host.get_fact(NodeReleases, path=releases_file)
-    running = host.get_fact(RunningRelease, path=running_file)
+    records = batch.get(host, NodeReleases, path=releases_file)
+    running = batch.get(host, RunningRelease, path=running_file)
     current = records.current
     if current is not None and running == current.id and not force_previous:
         back = records  # an attempt that failed before installing: current is still healthy
@@ -117,7 +118,7 @@ def mark_running(running_file: str, release):
     **Example:** servefleet.recipes.vllm.health.
     """
     new = release()
-    if host.get_fact(RunningRelease, path=running_file) == new.id:
+    if batch.get(host, RunningRelease, path=running_file) == new.id:
         host.noop(f"{new.short} ({new.id}) is the running release")
         return
     yield from upload._inner(dest=running_file, content=json.dumps({"release": new.id}) + "\n",

@@ -22,6 +22,7 @@ from servefleet.core.lint.checkpoint import (INDEX_FILE, MISSING_SHARDS, check_r
                                              lint_checkpoint)
 from servefleet.core.node import usable_memory
 from servefleet.core.vllm import memory_verdict
+from servefleet.facts import batch
 from servefleet.facts.node import MemoryBytes, NvidiaGpus
 from servefleet.facts.vllm import SafetensorsBytes
 from servefleet.operations.node import fail_host
@@ -33,7 +34,7 @@ def _executing() -> bool:
 
 def read_json_on_node(path: str):
     """A JSON file on the node: its value, None when missing; raises ValueError when not JSON."""
-    lines = host.get_fact(FileContents, path=path)
+    lines = batch.get(host, FileContents, path=path)
     if lines is None:
         return None
     return json.loads("\n".join(lines))
@@ -91,7 +92,7 @@ def checkpoint_lint(path: str, language_model_only: bool):
         vllm_serve.checkpoint_lint(path="/opt/servefleet/models/Qwen/Qwen-AgentWorld-35B-A3B",
                                    language_model_only=True)
     """
-    if host.get_fact(FileContents, path=f"{path}/config.json") is None and _not_yet(path, "lint"):
+    if batch.get(host, FileContents, path=f"{path}/config.json") is None and _not_yet(path, "lint"):
         return
     lint, problem = lint_on_node(path)
     if problem:
@@ -139,8 +140,8 @@ def memory_preflight(path: str, data: dict):
             return
         yield fail_host(f"no {path}/config.json on {host.name}: nothing to plan the KV cache with")
         return
-    weights = host.get_fact(SafetensorsBytes, path=path)
-    usable = usable_memory(data, host.get_fact(MemoryBytes), host.get_fact(NvidiaGpus))
+    weights = batch.get(host, SafetensorsBytes, path=path)
+    usable = usable_memory(data, batch.get(host, MemoryBytes), batch.get(host, NvidiaGpus))
     try:
         verdict = memory_verdict(config, weights, usable, data)
     except ValueError as exc:

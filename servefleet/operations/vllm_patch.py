@@ -25,6 +25,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 
+from servefleet.facts import batch
 from servefleet.facts.vllm import Several, VllmModelFile, VllmVersion
 from servefleet.operations.node import fail_host, upload
 
@@ -94,7 +95,7 @@ def _refuse(message: str) -> StringCommand:
 def _node_state(venv: str) -> _NodeState | StringCommand:
     """Read the facts; when vLLM, its file or its recorded patch is missing, the command that
     stops this host instead (yield it)."""
-    version = host.get_fact(VllmVersion, venv=venv)
+    version = batch.get(host, VllmVersion, venv=venv)
     if isinstance(version, Several):
         return _refuse(f"{venv}: {version}; check the venv")
     if version is None:
@@ -102,12 +103,14 @@ def _node_state(venv: str) -> _NodeState | StringCommand:
             f"no vLLM in {venv} (no lib/python3.*/site-packages/vllm-*.dist-info/METADATA); "
             "check the venv path"
         )
-    path = host.get_fact(VllmModelFile, venv=venv, filename=MODEL_FILE)
+    path = batch.get(host, VllmModelFile, venv=venv, filename=MODEL_FILE)
     if isinstance(path, Several):
         return _refuse(f"vLLM {version} in {venv}: {path}")
     if path is None:
         return _refuse(f"vLLM {version} in {venv} has no model file {MODEL_FILE}")
-    sha256 = host.get_fact(Sha256File, path=path)
+    # Both digests in one read (the path is known only now).
+    batch.plan(host, [(Sha256File, {"path": path}), (Sha256File, {"path": f"{path}.orig"})])
+    sha256 = batch.get(host, Sha256File, path=path)
 
     patch = recorded_patch(version)
     if patch is None:
@@ -122,7 +125,7 @@ def _node_state(venv: str) -> _NodeState | StringCommand:
         version=version,
         path=path,
         sha256=sha256,
-        orig_sha256=host.get_fact(Sha256File, path=f"{path}.orig"),
+        orig_sha256=batch.get(host, Sha256File, path=f"{path}.orig"),
         patch=patch,
     )
 

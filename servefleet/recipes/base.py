@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, server
+from pyinfra.facts.files import File, Sha256File
 
 from servefleet.core import contract
 from servefleet.core.data import HostData, Layer, validate
 from servefleet.core.layout import NodeLayout
 from servefleet.core.node import per_family
 from servefleet.core.python_env import source_args
-from servefleet.facts.node import OsRelease
+from servefleet.facts import batch
+from servefleet.facts.node import (Account, CpuArch, FreeDiskBytes, InstalledDebs, NvidiaGpus,
+                                   OsRelease, PathStat)
+from servefleet.facts.vllm import DistVersions
 from servefleet.operations import node, pyenv
 
 # The tools venv's packages (dist-info names): uv makes the serving venvs; hf fetches models;
@@ -36,7 +39,7 @@ def layout() -> NodeLayout:
 
 
 def family() -> str:
-    return host.get_fact(OsRelease)["family"]
+    return batch.get(host, OsRelease)["family"]
 
 
 def family_value(key: str):
@@ -54,10 +57,43 @@ def begin(recipe: str) -> bool:
              recipe)
     role = contract.ROLE_OF.get(recipe)
     if role is None or role in host.groups:
+        plan_base()
+        if recipe in PLANS:
+            PLANS[recipe]()
         return True
     node.skip(name=f"{recipe} acts on {role} hosts only: nothing to do on {host.name}",
               reason=f"{host.name} is not a {role} host")
     return False
+
+
+# recipe -> () -> None: what that recipe's steps read besides the base, planned by begin() so
+# that one command reads it all (each serving recipe module registers its own).
+PLANS: dict = {}
+
+
+def upload_reads(*paths: str) -> list:
+    """What node.upload reads of each destination (its stat and its digest)."""
+    return [(fact, {"path": p}) for p in paths for fact in (File, Sha256File)]
+
+
+def package_query(key: str = "os_packages") -> tuple[str, ...]:
+    """Every package name of a per-family table: what the node's dpkg is asked about, the same
+    whichever family the node turns out to be (so the question can be planned)."""
+    return tuple(sorted({p for names in (host.data.get(key) or {}).values() for p in names}))
+
+
+def plan_base() -> None:
+    """Everything the base's steps read, planned as one read (servefleet.facts.batch): a no-op
+    check of the base costs one command per node."""
+    lay, user = layout(), host.data.servefleet_user
+    batch.plan(host, [
+        (CpuArch, {}), (NvidiaGpus, {}), (FreeDiskBytes, {"path": host.data.servefleet_root}),
+        (OsRelease, {}), (InstalledDebs, {"names": package_query()}),
+        (Account, {"user": user, "group": user}),
+        *[(PathStat, {"path": p}) for p in (*lay.tree, lay.cache_dir, lay.models_dir)],
+        (PathStat, {"path": f"{lay.tools_venv}/pyvenv.cfg"}),
+        (DistVersions, {"venv": lay.tools_venv, "names": tuple(TOOLS)}),
+    ])
 
 
 @deploy("Node base")
@@ -76,7 +112,8 @@ def preflight():
 
 @deploy("OS packages")
 def os_packages(key: str = "os_packages"):
-    node.os_packages(name=f"Install OS packages ({key})", packages=family_value(key))
+    node.os_packages(name=f"Install OS packages ({key})", packages=family_value(key),
+                     query=package_query(key))
 
 
 @deploy("Service account and tree")
@@ -84,17 +121,15 @@ def account_and_tree():
     """Root owns the tree and everything root runs; the service account owns only the
     directories the engine writes (its cache and the models)."""
     lay, user = layout(), host.data.servefleet_user
-    server.group(name=f"Group {user}", group=user, system=True)
-    server.user(name=f"System user {user}", user=user, group=user, system=True,
-                home=lay.cache_dir, shell="/usr/sbin/nologin", create_home=False)
+    node.account(name=f"System user {user}", user=user, home=lay.cache_dir)
     for path in lay.tree:
-        files.directory(name=f"Directory {path}", path=path, user="root", group="root",
-                        mode="755")
+        node.directory(name=f"Directory {path}", path=path, user="root", group="root",
+                       mode="755")
     # Models are read by the engine and, on a depot, by the read-only rsync account: 0755.
-    files.directory(name=f"Directory {lay.cache_dir} (the service's)", path=lay.cache_dir,
-                    user=user, group=user, mode="750")
-    files.directory(name=f"Directory {lay.models_dir} (the service's)", path=lay.models_dir,
-                    user=user, group=user, mode="755")
+    node.directory(name=f"Directory {lay.cache_dir} (the service's)", path=lay.cache_dir,
+                   user=user, group=user, mode="750")
+    node.directory(name=f"Directory {lay.models_dir} (the service's)", path=lay.models_dir,
+                   user=user, group=user, mode="755")
 
 
 @deploy("Tools venv")

@@ -19,18 +19,24 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.files import File, Sha1File
 
 from servefleet.core import llamacpp as logic
 from servefleet.core.layout import api_url
 from servefleet.core.lint import gguf_header, gguf_lint
 from servefleet.core.secrets import read_secret
-from servefleet.facts.llamacpp import GgufLint
+from servefleet.facts import batch
+from servefleet.facts.llamacpp import GgufLint, LlamaBuilds, Nvcc
+from servefleet.facts.node import FreeDiskBytes, InstalledDebs
+from servefleet.facts.releases import NodeReleases, RunningRelease
+from servefleet.facts.systemd import UnitState
+from servefleet.facts.vllm import DistVersions
 from servefleet.operations import health as health_ops
 from servefleet.operations import llamacpp as ops
 from servefleet.operations import node
 from servefleet.operations import release as release_ops
 from servefleet.recipes import base, release
-from servefleet.recipes.models import ModelRun, ensure_model
+from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
 from servefleet.recipes.service import ServiceRun, systemd_service
 
 UNIT_TEMPLATE = "files/llamacpp/servefleet-llama.service.j2"
@@ -39,6 +45,34 @@ HEALTH_SCRIPT = "files/health/health.py"
 # The lint runs on the node with the tools venv's gguf: servefleet's own module, uploaded.
 LINT_SOURCE = Path(gguf_lint.__file__)
 LINT_HEADER_SOURCE = Path(gguf_header.__file__)  # imported by the lint, from its own directory
+
+
+def plan_reads() -> None:
+    """Everything this recipe's steps read on the node besides the base, planned as one read
+    (servefleet.facts.batch): the same facts with the same arguments the steps ask for."""
+    data, lay = base.data(), base.layout()
+    model = model_dir(data["model_repo"], data["model_revision"])
+    batch.plan(host, [
+        (InstalledDebs, {"names": base.package_query("llamacpp_build_packages")}),
+        (LlamaBuilds, {"llama_dir": lay.llama_dir}),
+        *([(Nvcc, {})] if logic.cuda_on(data["llamacpp_cmake_flags"]) else []),
+        (FreeDiskBytes, {"path": lay.llama_dir}),
+        *model_reads(model),
+        (DistVersions, {"venv": lay.tools_venv, "names": tuple(base.GGUF_TOOLS)}),
+        *base.upload_reads(lay.bin("servefleet-llama-build"), lay.bin("gguf_header.py"),
+                           lay.bin("servefleet-gguf-lint"),
+                           lay.bin("servefleet-llama-preflight"), lay.bin("servefleet-health"),
+                           lay.unit_path(logic.UNIT)),
+        (GgufLint, _lint_args(model)),
+        (File, {"path": lay.api_key_file}),
+        (NodeReleases, {"path": lay.releases_file}), (RunningRelease, {"path": lay.running_file}),
+        # What the drift check reads besides (servefleet.verbs.deep_checks): drift sends no
+        # more commands than a no-op converge.
+        (Sha1File, {"path": lay.unit_path(logic.UNIT)}), (UnitState, {"unit": logic.UNIT}),
+    ])
+
+
+base.PLANS["serve_q4_llamacpp"] = plan_reads
 
 
 @dataclass
@@ -106,7 +140,7 @@ def override_kv(model_dir: str):
     while it renders: before execution for change detection, and at execution after the
     download)."""
     def read() -> str | None:
-        lint = host.get_fact(GgufLint, **_lint_args(model_dir))
+        lint = batch.get(host, GgufLint, **_lint_args(model_dir))
         return lint.flag if lint.state == "ok" else None
     return read
 

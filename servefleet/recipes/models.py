@@ -18,10 +18,13 @@ from dataclasses import dataclass
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.files import File
 
 from servefleet.core.fleetkey import fleet_key
 from servefleet.core.layout import NodeLayout
 from servefleet.core.models import SHA_RE, HubError, hub_commit, operator_token
+from servefleet.facts.models import VerifiedModel
+from servefleet.facts.vllm import DistVersions
 from servefleet.operations import depot as depot_ops
 from servefleet.operations import model as model_ops
 from servefleet.operations import node
@@ -63,6 +66,19 @@ def resolve(repo_id: str, revision: str) -> str | None:
 def model_dir(repo_id: str, revision: str) -> str:
     """This host's directory of repo_id at revision (resolved to its commit)."""
     return base.layout().model_dir(repo_id, resolve(repo_id, revision) or UNRESOLVED)
+
+
+def model_reads(dest: str) -> list:
+    """What the model steps read on the node for a model in `dest` (servefleet.facts.batch):
+    the fetcher (uploaded), the hub client in the tools venv or the depot's key, the token, the
+    verified record."""
+    lay = base.layout()
+    reads = [*base.upload_reads(lay.bin("servefleet-fetch-model")),
+             (VerifiedModel, {"path": dest})]
+    if host.data.model_source == "hub":
+        reads += [(DistVersions, {"venv": lay.tools_venv, "names": tuple(base.MODEL_TOOLS)}),
+                  (File, {"path": lay.hf_token_file})]
+    return reads
 
 
 def _once(step: str) -> bool:

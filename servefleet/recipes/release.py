@@ -8,6 +8,7 @@ from pyinfra.api import deploy
 from servefleet.core.data import serving_digest
 from servefleet.core.layout import UNIT_DIR, NodeLayout
 from servefleet.core.releases import Release
+from servefleet.facts import batch
 from servefleet.facts.models import VerifiedModel
 from servefleet.operations import release as release_ops
 from servefleet.recipes import base
@@ -21,7 +22,7 @@ def build(engine: str, version: str, prefix: str, unit: str, template: str, cont
     data = base.data()
 
     def release() -> Release:
-        record = host.get_fact(VerifiedModel, path=model_dir) or {}
+        record = batch.get(host, VerifiedModel, path=model_dir) or {}
         return Release(engine=engine, version=version, prefix=prefix, unit=unit,
                        unit_text=render_unit(template, context), model_repo=data["model_repo"],
                        model_revision=data["model_revision"], model_sha=record.get("sha"),

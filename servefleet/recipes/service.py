@@ -21,6 +21,7 @@ from pyinfra.operations import server, systemd
 
 from servefleet.core.layout import NodeLayout
 from servefleet.core.systemd import render_unit
+from servefleet.facts import batch
 from servefleet.facts.releases import RunningRelease
 from servefleet.operations import node, sandbox
 from servefleet.recipes import release
@@ -79,11 +80,11 @@ def systemd_service(unit: str, template: str, context: dict, release_of, probe_a
     running = host.data.service_state == "running"
 
     def stale() -> bool:  # read when the restart decides, at execution
-        return host.get_fact(RunningRelease, path=running_file) != release_of().id
+        return batch.get(host, RunningRelease, path=running_file) != release_of().id
 
     def unit_differs() -> bool:  # the unit as this run renders it vs the node's, before upload
         rendered = hashlib.sha256(render_unit(template, context).encode()).hexdigest()
-        return host.get_fact(Sha256File, path=unit_path) != rendered
+        return batch.get(host, Sha256File, path=unit_path) != rendered
 
     # A (re)start follows: try the sandbox first, so a setting that stops the engine fails this
     # host before the unit is replaced and the running service is left as it was.
@@ -99,8 +100,8 @@ def systemd_service(unit: str, template: str, context: dict, release_of, probe_a
     # not running.json), which is how a rollback knows to go back from it.
     release.record(release_of)
     systemd.daemon_reload(name="Reload systemd (unit changed)", _if=unit_op.did_change)
-    ensure = systemd.service(name=f"{unit} {host.data.service_state}", service=unit,
-                             running=running, enabled=host.data.service_enabled)
+    ensure = node.service(name=f"{unit} {host.data.service_state}", unit=unit,
+                          running=running, enabled=host.data.service_enabled)
     deps = [unit_op, *depends_on]
     restart = server.shell(
         name=f"Restart {unit} (a dependency changed)", commands=[_restart_or_show_journal(unit)],

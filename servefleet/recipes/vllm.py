@@ -17,23 +17,60 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyinfra import host
-from pyinfra.operations import files
 from pyinfra.api import deploy
+from pyinfra.facts.files import File, FileContents, Sha1File
 
 from servefleet.core import vllm as logic
 from servefleet.core.layout import api_url
 from servefleet.core.python_env import source_args
+from servefleet.core.lint.checkpoint import INDEX_FILE
 from servefleet.core.secrets import read_secret
+from servefleet.facts.models import VerifiedModel
+from servefleet.facts.node import MemoryBytes, PathStat
+from servefleet.facts.releases import NodeReleases, RunningRelease
+from servefleet.facts.systemd import UnitState
+from servefleet.facts.vllm import DistVersions, SafetensorsBytes, TorchCuda, VllmModelFile, VllmVersion
+from servefleet.facts import batch
 from servefleet.operations import health as health_ops
 from servefleet.operations import node, pyenv, vllm_checks, vllm_patch
 from servefleet.operations import release as release_ops
 from servefleet.recipes import base, release
-from servefleet.recipes.models import ModelRun, ensure_model
+from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
 from servefleet.recipes.service import AnyChanged, ServiceRun, systemd_service
 
 UNIT_TEMPLATE = "files/vllm/servefleet-vllm.service.j2"
 EVICT_SCRIPT = "files/pagecache/evict.py"
 HEALTH_SCRIPT = "files/health/health.py"
+
+
+def plan_reads() -> None:
+    """Everything this recipe's steps read on the node besides the base, planned as one read
+    (servefleet.facts.batch): the same facts with the same arguments the steps ask for."""
+    data, lay = base.data(), base.layout()
+    venv = logic.venv_path(data)
+    model = model_dir(data["model_repo"], data["model_revision"])
+    batch.plan(host, [
+        (PathStat, {"path": f"{venv}/pyvenv.cfg"}), (PathStat, {"path": f"{venv}/.lock"}),
+        (DistVersions, {"venv": venv, "names": tuple(logic.pins(data))}),
+        (TorchCuda, {"venv": venv}),
+        (VllmVersion, {"venv": venv}),
+        (VllmModelFile, {"venv": venv, "filename": vllm_patch.MODEL_FILE}),
+        *model_reads(model),
+        (FileContents, {"path": f"{model}/config.json"}),
+        (FileContents, {"path": f"{model}/{INDEX_FILE}"}),
+        (SafetensorsBytes, {"path": model}), (MemoryBytes, {}),
+        *base.upload_reads(lay.bin("servefleet-evict-page-cache"), lay.bin("servefleet-health"),
+                           lay.unit_path(logic.UNIT)),
+        *[(File, {"path": p}) for p in (lay.api_key_file, lay.vllm_env_file)],
+        *([(File, {"path": data["vllm_executable"]})] if data.get("vllm_executable") else []),
+        (NodeReleases, {"path": lay.releases_file}), (RunningRelease, {"path": lay.running_file}),
+        # What the drift check reads besides (servefleet.verbs.deep_checks): drift sends no
+        # more commands than a no-op converge.
+        (Sha1File, {"path": lay.unit_path(logic.UNIT)}), (UnitState, {"unit": logic.UNIT}),
+    ])
+
+
+base.PLANS["serve_bf16"] = plan_reads
 
 
 @dataclass
@@ -56,8 +93,8 @@ def python_env() -> PythonEnv:
         sources=source_args(data), no_deps=data["python_no_deps"], env=logic.uv_env(data))
     # uv leaves its install lock in the venv, writable by all: root runs this venv's vllm and
     # python, so nothing in it may be writable by anyone but root.
-    files.file(name=f"{venv}/.lock: root's, 0644", path=f"{venv}/.lock", user="root",
-               group="root", mode="644")
+    node.owned_file(name=f"{venv}/.lock: root's, 0644", path=f"{venv}/.lock", user="root",
+                    group="root", mode="644")
     return PythonEnv(venv=venv, create=create, install=install)
 
 

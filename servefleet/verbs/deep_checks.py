@@ -21,6 +21,7 @@ from servefleet.core import llamacpp as llama_logic
 from servefleet.core import vllm as vllm_logic
 from servefleet.core.layout import NodeLayout
 from servefleet.core.models import SHA_RE, HubError, hub_commit, invalid_record_reason, operator_token
+from servefleet.facts import batch
 from servefleet.facts.llamacpp import LlamaBuilds
 from servefleet.facts.models import ModelRecordFiles, VerifiedModel
 from servefleet.facts.releases import NodeReleases, RunningRelease
@@ -84,16 +85,16 @@ def unit_item(host, unit: str, template: str, context: dict) -> di.Item:
     path = NodeLayout.unit_path(unit)
     rendered = render_unit(template, context)
     label = f"{template} rendered for {host.name}"
-    if host.get_fact(Sha1File, path=path) == di.sha1_text(rendered):
+    if batch.get(host, Sha1File, path=path) == di.sha1_text(rendered):
         return di.item(f"unit {path}", True, label, "same content")
     return di.item(f"unit {path}", False, label,
-                   di.unit_diff(rendered, host.get_fact(FileContents, path=path), path))
+                   di.unit_diff(rendered, batch.get(host, FileContents, path=path), path))
 
 
 def model_item(host, data, include: list[str], dest: str) -> di.Item:
     repo, revision = data["model_repo"], data["model_revision"]
-    record = host.get_fact(VerifiedModel, path=dest)
-    why = "" if record else invalid_record_reason(*host.get_fact(ModelRecordFiles, path=dest))
+    record = batch.get(host, VerifiedModel, path=dest)
+    why = "" if record else invalid_record_reason(*batch.get(host, ModelRecordFiles, path=dest))
     resolved = None
     if not SHA_RE.fullmatch(revision) and data.get("model_source", "hub") == "hub":
         try:  # the same call as the fetch operation's: answered from its cache, no request
@@ -105,12 +106,12 @@ def model_item(host, data, include: list[str], dest: str) -> di.Item:
 
 
 def service_and_release(host, data, unit: str) -> list[di.Item]:
-    st = host.get_fact(UnitState, unit=unit)
+    st = batch.get(host, UnitState, unit=unit)
     items = di.service_items(unit, data["service_state"], data["service_enabled"], st["active"],
                              st["enabled"])
     lay = NodeLayout.of(data)
-    records = host.get_fact(NodeReleases, path=lay.releases_file)
-    running = host.get_fact(RunningRelease, path=lay.running_file)
+    records = batch.get(host, NodeReleases, path=lay.releases_file)
+    running = batch.get(host, RunningRelease, path=lay.running_file)
     return items + di.release_items(records, running, data["service_state"] == "running")
 
 
@@ -120,12 +121,12 @@ def vllm_items(host) -> list[di.Item]:
         return []
     data = host.data.dict()
     venv, pins = vllm_logic.venv_path(data), vllm_logic.pins(data)
-    found = host.get_fact(DistVersions, venv=venv, names=tuple(pins))
-    cuda = host.get_fact(TorchCuda, venv=venv) if "torch" in found else None
+    found = batch.get(host, DistVersions, venv=venv, names=tuple(pins))
+    cuda = batch.get(host, TorchCuda, venv=venv) if "torch" in found else None
     items = di.version_items(venv, found, pins, cuda, data["torch_cuda"])
-    path = host.get_fact(VllmModelFile, venv=venv, filename=vllm_patch.MODEL_FILE)
-    sha = host.get_fact(Sha256File, path=path) if path else None
-    orig = host.get_fact(Sha256File, path=f"{path}.orig") if path else None
+    path = batch.get(host, VllmModelFile, venv=venv, filename=vllm_patch.MODEL_FILE)
+    sha = batch.get(host, Sha256File, path=path) if path else None
+    orig = batch.get(host, Sha256File, path=f"{path}.orig") if path else None
     items += patch_items(data["vllm_version"], data["vllm_patch"], path, sha, orig, known_hashes())
     model = model_dir(data["model_repo"], data["model_revision"])
     items.append(unit_item(host, vllm_logic.UNIT, vllm_recipe.UNIT_TEMPLATE,
@@ -140,7 +141,7 @@ def llamacpp_items(host) -> list[di.Item]:
         return []
     data = host.data.dict()
     lay = NodeLayout.of(data)
-    items = di.build_items(data, host.get_fact(LlamaBuilds, llama_dir=lay.llama_dir))
+    items = di.build_items(data, batch.get(host, LlamaBuilds, llama_dir=lay.llama_dir))
     model = model_dir(data["model_repo"], data["model_revision"])
     context = llama_logic.unit_context(data, model, llama_recipe.override_kv(model))
     items.append(unit_item(host, llama_logic.UNIT, llama_recipe.UNIT_TEMPLATE, context))

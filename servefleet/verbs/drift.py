@@ -107,12 +107,12 @@ def _classify(state, host) -> list[Item]:
 
 
 def check(inventory_path: str, deploy_path: str, limit: list[str] | None = None,
-          data: dict | None = None) -> Report:
+          data: dict | None = None, debug: bool = False) -> Report:
     """Load `deploy_path` for every host of the inventory in check mode and classify it."""
     report = Report(inventory_path, deploy_path)
     pyinfra_operation.generate_operation_name = _recording_generate_name
     try:
-        with api.session(inventory_path, limit, data, deploy=deploy_path) as sess:
+        with api.session(inventory_path, limit, data, deploy=deploy_path, debug=debug) as sess:
             for host in sess.targets:
                 report.hosts[host.name] = HostReport(host.name)
             for name, why in sess.unreachable.items():

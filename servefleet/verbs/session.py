@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -98,9 +99,11 @@ def select(inventory, limit: list[str] | None) -> list:
 
 @contextmanager
 def session(inventory_path: str, limit: list[str] | None = None, data: dict | None = None,
-            deploy: str | None = None, check_for_changes: bool = True):
+            deploy: str | None = None, check_for_changes: bool = True, debug: bool = False):
     """Connect to the inventory's hosts (--limit) for a verb. The inventory validates every
-    host's data, --data included, for `deploy` before anything connects (DataError)."""
+    host's data, --data included, for `deploy` before anything connects (DataError).
+    `debug`: pyinfra's debug log on stderr too, as `pyinfra --debug` prints it (every command
+    it runs on a host: "Running command on HOST: ...")."""
     state = State(check_for_changes=check_for_changes)
     state.cwd = os.getcwd()
     config = Config()
@@ -108,8 +111,12 @@ def session(inventory_path: str, limit: list[str] | None = None, data: dict | No
     # pyinfra's log goes to the verb's report, not the terminal: our handler only, from WARNING.
     pyinfra_logger = logging.getLogger("pyinfra")
     saved = (pyinfra_logger.level, pyinfra_logger.propagate, pyinfra_logger.handlers)
-    pyinfra_logger.setLevel(logging.WARNING)
+    pyinfra_logger.setLevel(logging.DEBUG if debug else logging.WARNING)
     pyinfra_logger.propagate, pyinfra_logger.handlers = False, [log]
+    if debug:
+        stderr = logging.StreamHandler(sys.stderr)
+        stderr.setFormatter(logging.Formatter("    [%(name)s] %(message)s"))
+        pyinfra_logger.handlers.append(stderr)
     was_cli, pyinfra.is_cli = pyinfra.is_cli, True  # operation order by call site, as the CLI
     token = set_run_context(data, deploy)
     ctx_state.set(state)

@@ -24,6 +24,7 @@ from servefleet_dev.hub import publish
 from servefleet_dev.testbed import hosts
 from servefleet_dev.standin.install import EXECUTABLE_NAME, install
 from servefleet_dev.testbed.services import hub_root
+from servefleet_dev.testing.llama_build import llama_host_build
 from servefleet_dev.testing.llama_src import commits
 from servefleet_dev.testing.tiny_models import build_tiny_checkpoint, build_tiny_gguf
 from servefleet_dev.testing.wheels import cache_lock, cache_subdir, vllm_wheel
@@ -94,6 +95,15 @@ def llama_mirror() -> dict[str, str]:
     return found
 
 
+def pin_in_ccache() -> Path:
+    """The pin compiled once on this machine, into the ccache every guest shares (the recipe's
+    build.sh with the testbed's flags: llama_build). Parallel test workers converge rtx4090
+    hosts of two testbeds at once; without this, both guests would compile the same source cold
+    side by side. Under the build's file lock, so the first caller builds and the others wait;
+    afterwards a guest's build is cache hits only (seconds)."""
+    return llama_host_build(tag=RTX4090["llamacpp_tag"])
+
+
 STANDIN_DIR = "standin"  # under the shared caches: guests see /var/cache/servefleet/standin
 
 
@@ -118,4 +128,5 @@ def prepare(spark: bool = True, rtx4090: bool = True, log=print) -> None:
     if rtx4090:
         log("testbed material: llama.cpp mirror, tiny GGUF on the hub")
         llama_mirror()
+        pin_in_ccache()
         publish_gguf()

@@ -15,14 +15,15 @@ import sys
 import time
 
 from servefleet_dev.testing.llama_build import llama_host_build
-from servefleet_dev.testing.llama_src import LLAMA_CPP_PYTHON_VERSION
+from servefleet_dev.testing.llama_src import LLAMA_CPP_PYTHON_VERSION, RELEASE_TAG
 from servefleet_dev.testing.wheels import vllm_venv
 
-# Not b9785: the guests compile it within the tier's first minutes, and the unit tier's host
-# build of it comes out of their cache; building it here too would compile it twice at once.
-# The rollout's upgrade tree (the llama-cpp-python 0.3.36 one) comes ~25 min in: made here
-# first, the guests take it from the cache.
+# The testbed's pin (b9785) first: the e2e tier's rtx4090 material waits for it (testbed.material
+# .pin_in_ccache, same lock), then the guests compile it from the cache. The rollout's upgrade
+# tree (the llama-cpp-python 0.3.36 one) comes later in the e2e tier: made here first, the
+# guests take it from the cache too.
 STEPS = (
+    (f"llama.cpp {RELEASE_TAG}", lambda: llama_host_build(tag=RELEASE_TAG)),
     ("vLLM 0.24.0 loader venv", lambda: vllm_venv("0.24.0")),
     (f"llama.cpp {LLAMA_CPP_PYTHON_VERSION}", lambda: llama_host_build()),
 )

@@ -31,9 +31,11 @@ class Run:
 
 def pyinfra(inventory: str, deploy: str, *args: str, limit: str | None = None,
             data: dict | None = None, env: dict | None = None, timeout: float | None = None,
-            cwd: Path | None = None) -> Run:
-    """`pyinfra -y INVENTORY DEPLOY` from the project (files and group_data resolve there)."""
-    cmd = [sys.executable, "-m", "pyinfra", "-y"]
+            cwd: Path | None = None, yes: bool = True) -> Run:
+    """`pyinfra -y INVENTORY DEPLOY` from the project (files and group_data resolve there).
+    yes=False leaves out -y: with --dry, pyinfra then detects changes (reads every fact and
+    runs every operation's generator) and executes nothing."""
+    cmd = [sys.executable, "-m", "pyinfra"] + (["-y"] if yes else [])
     for name in (limit.split(",") if limit else []):  # pyinfra takes one --limit per pattern
         cmd += ["--limit", name]
     for key, value in (data or {}).items():
@@ -47,3 +49,30 @@ def pyinfra(inventory: str, deploy: str, *args: str, limit: str | None = None,
     if match:
         run.operations, run.changed, run.errors, run.no_change = map(_num, match.groups())
     return run
+
+
+_COMMAND = re.compile(r"Running command on (\S+?):? \(pty=")
+
+
+def commands_per_host(log: str) -> dict[str, int]:
+    """Commands run on each host, from pyinfra's --debug log (`pyinfra --debug`, or
+    `servefleet drift --debug` on stderr): the lines "Running command on HOST: ..."."""
+    counts: dict[str, int] = {}
+    for m in _COMMAND.finditer(log):
+        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return counts
+
+
+def reads_of_a_noop(inventory: str, deploy: str, host: str, data: dict | None = None) -> dict:
+    """Commands a no-op check sends to `host`: `pyinfra --dry --debug` (change detection, no -y)
+    and `servefleet drift --debug`. Both must find nothing to change."""
+    dry = pyinfra(inventory, deploy, "--dry", "--debug", limit=host, data=data, yes=False)
+    assert dry.returncode == 0, dry.output[-3000:]
+    cmd = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(main())",
+           "drift", inventory, deploy, "--limit", host, "--debug"]
+    for key, value in (data or {}).items():
+        cmd += ["--data", f"{key}={value}"]
+    drift = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert drift.returncode == 0, drift.stdout[-3000:] + drift.stderr[-3000:]
+    return {"dry": commands_per_host(dry.output).get(host, 0),
+            "drift": commands_per_host(drift.stderr).get(host, 0)}

@@ -1,12 +1,18 @@
 """deploys/base.py on real testbed hosts, reached as a fleet is (a sudo user, pinned host keys):
 converge, converge again with zero changes, verify; refusals change nothing."""
 
+import json
+import re
+import subprocess
+import sys
+
 import pytest
 
-from servefleet_dev.testing.pyinfra_cli import pyinfra
+from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra, reads_of_a_noop
 
 pytestmark = pytest.mark.e2e
 HOSTS = "spark-1,rtx4090-1"
+CLI = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(main())"]
 
 
 def test_invalid_data_stops_the_run_before_connecting(testbed, th):
@@ -81,3 +87,54 @@ def test_a_recipe_on_a_host_of_another_role_is_a_visible_noop(testbed):
     assert run.returncode == 0, run.output[-2000:]
     assert run.changed == 0 and run.operations == 1
     assert "serve_bf16 acts on spark hosts only: nothing to do on depot-1" in run.output
+
+
+def test_a_noop_check_of_the_base_is_one_command_per_node(testbed):
+    assert pyinfra("inventory/testbed.py", "deploys/base.py", limit=HOSTS).returncode == 0
+    for host in HOSTS.split(","):
+        # Everything the base reads comes from one batched read (servefleet.facts.batch).
+        assert reads_of_a_noop("inventory/testbed.py", "deploys/base.py", host) == \
+            {"dry": 1, "drift": 1}
+
+
+# A change made behind servefleet's back, the base step that must see it, and how to check the
+# repair. Each is read from the one batched fact read (servefleet.facts.batch).
+BEHIND_THE_BACK = {
+    "package removed": ("dpkg --remove rsync", "Install OS packages (os_packages)",
+                        "dpkg-query -W -f='${db:Status-Abbrev}' rsync", "ii"),
+    "shell changed": ("usermod --shell /bin/bash servefleet", "System user servefleet",
+                      "getent passwd servefleet | cut -d: -f7", "/usr/sbin/nologin"),
+    "mode widened": ("chmod 777 /opt/servefleet/etc", "Directory /opt/servefleet/etc",
+                     "stat -c %a /opt/servefleet/etc", "755"),
+    "owner changed": ("chown servefleet /opt/servefleet/bin", "Directory /opt/servefleet/bin",
+                      "stat -c %U:%G /opt/servefleet/bin", "root:root"),
+    "venv broken": ("rm /opt/servefleet/tools/venv/pyvenv.cfg",
+                    "Tools venv /opt/servefleet/tools/venv",
+                    "test -f /opt/servefleet/tools/venv/pyvenv.cfg && echo present", "present"),
+    "tool removed": ("rm -r /opt/servefleet/tools/venv/lib/python3.11/site-packages/"
+                     "uv-0.13.9.dist-info", "Tools: uv 0.13.9",
+                     "ls -d /opt/servefleet/tools/venv/lib/python3.11/site-packages/uv-*.dist-info"
+                     " | wc -l", "1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BEHIND_THE_BACK))
+def test_a_change_behind_the_back_is_seen_by_dry_and_drift_then_repaired(testbed, th, case):
+    change, step, probe, expected = BEHIND_THE_BACK[case]
+    host, h = "spark-1", th("spark-1")
+    assert pyinfra("inventory/testbed.py", "deploys/base.py", limit=host).returncode == 0
+    assert h.run(change).rc == 0
+    dry = pyinfra("inventory/testbed.py", "deploys/base.py", "--dry", limit=host, yes=False)
+    assert dry.returncode == 0 and re.search(re.escape(step) + r"\s+1\s", dry.output), \
+        dry.output[-3000:]
+    drift = subprocess.run([*CLI, "drift", "inventory/testbed.py", "deploys/base.py", "--limit",
+                            host, "--json"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert drift.returncode == 1, drift.stdout[-3000:] + drift.stderr[-2000:]
+    drifted = [i["name"] for i in json.loads(drift.stdout)["hosts"][host]["items"]
+               if i["state"] == "drifted"]
+    assert [n for n in drifted if n.endswith(step)] and len(drifted) == 1, drifted
+    fixed = pyinfra("inventory/testbed.py", "deploys/base.py", limit=host)
+    assert fixed.returncode == 0 and fixed.changed >= 1, fixed.output[-3000:]
+    assert h.check_output(probe).strip().startswith(expected)
+    again = pyinfra("inventory/testbed.py", "deploys/base.py", limit=host)
+    assert again.returncode == 0 and again.changed == 0, again.output[-3000:]

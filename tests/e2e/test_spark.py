@@ -25,7 +25,7 @@ from servefleet.operations.vllm_patch import recorded_patch
 from servefleet_dev.testbed import hosts as tb_hosts
 from servefleet_dev.testbed import material
 from servefleet_dev.testbed.state import load_state
-from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
+from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra, reads_of_a_noop
 from servefleet_dev.testing.wheels import vllm_wheel, wheel_member
 
 pytestmark = pytest.mark.e2e
@@ -97,6 +97,9 @@ def test_serve_bf16_converges_serves_then_is_idempotent(bf16, th):
     second = converge()
     assert second.returncode == 0, second.output[-4000:]
     assert second.changed == 0 and second.no_change == second.operations > 0, second.output[-4000:]
+    # A no-op check reads the node in 2 commands (issue #19: at most 12): the recipe's planned
+    # read, and the patched file's digests (its path is known from the first); drift no more.
+    assert reads_of_a_noop("inventory/testbed.py", DEPLOY, HOST) == {"dry": 2, "drift": 2}
 
 
 def test_venv_holds_the_pinned_real_wheels(bf16, th):
