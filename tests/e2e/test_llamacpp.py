@@ -16,7 +16,7 @@ import pytest
 from servefleet.core import llamacpp
 from servefleet_dev.testbed import material
 from servefleet_dev.testbed.state import load_state
-from servefleet_dev.testing.pyinfra_cli import pyinfra
+from servefleet_dev.testing.pyinfra_cli import pyinfra, reads_of_a_noop
 
 pytestmark = pytest.mark.e2e
 HOST = "rtx4090-1"
@@ -112,6 +112,10 @@ def test_second_converge_changes_nothing_and_builds_nothing(llama_env, th):
     assert run.returncode == 0, run.output[-3000:]
     assert run.changed == 0 and run.no_change == run.operations > 0
     assert th(HOST).process.get(comm="llama-server").pid == pid  # not restarted
+    # A no-op check reads the node in 1 command (issue #19: at most 12): the recipe's planned
+    # read; drift no more.
+    assert reads_of_a_noop("inventory/testbed.py", DEPLOY, HOST, llama_env) == \
+        {"dry": 1, "drift": 1}
 
 
 def test_a_sandbox_that_stops_the_engine_is_refused_before_the_restart(llama_env, th):
