@@ -116,6 +116,7 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
         if serving:
             problems += owned_flag_problems(key, data.get(key))
     problems += layout_problems(data)
+    problems += root_reads_problems(data)
     return problems
 
 
@@ -143,6 +144,48 @@ def layout_problems(data: Mapping) -> list[str]:
         if a == b or c.inside(a, b) or c.inside(b, a):
             problems.append(f"keys 'models_root' = {a!r} and 'depot_store' = {b!r} overlap; "
                             f"expected two separate directories")
+    return problems
+
+
+# Where root may take what it installs from, runs or compiles with (uv's and ccache's caches,
+# local wheel directories, the interpreter the venvs are made from): places only root writes on
+# a node. An allow list of parents, then never the service user's own directories.
+ROOT_READ_PARENTS = ("/usr", "/opt", "/srv", "/var/cache", "/var/lib", "/var/opt", "/root",
+                     "/mnt", "/data", "/scratch")
+
+
+def root_reads(data: Mapping) -> list[tuple[str, str]]:
+    """(key, path) of every path knob whose files root consumes."""
+    places = [(k, data[k]) for k in ("uv_cache_dir", "llamacpp_ccache_dir") if data.get(k)]
+    places += [(f"pip_find_links[{i}]", v.removeprefix("file://"))
+               for i, v in enumerate(data.get("pip_find_links") or [])
+               if isinstance(v, str) and (v.startswith("/") or v.startswith("file://"))]
+    places += [(f"python_interpreter[{family!r}]", v)
+               for family, v in (data.get("python_interpreter") or {}).items()
+               if isinstance(v, str) and "/" in v]
+    return places
+
+
+def root_reads_problems(data: Mapping) -> list[str]:
+    """Root never installs from, runs or compiles with what another user can write: each
+    root-consumed path lies inside an allow-listed parent and outside the service user's
+    directories (its cache, the models root, the depot's store)."""
+    root = data.get("servefleet_root") or ""
+    theirs = [d for d in (f"{root}/cache" if root else None,
+                          data.get("models_root") or (f"{root}/models" if root else None),
+                          data.get("depot_store") or (f"{root}/depot" if root else None)) if d]
+    problems = []
+    for key, path in root_reads(data):
+        norm = posixpath.normpath(path)
+        if not path.startswith("/") or not any(c.inside(norm, p) for p in ROOT_READ_PARENTS):
+            problems.append(f"key {key} = {path!r}: root installs from or runs what is there; "
+                            f"expected a path inside {', '.join(ROOT_READ_PARENTS)}, which only "
+                            f"root writes")
+        elif any(norm == d or c.inside(norm, d) for d in theirs):
+            owner = next(d for d in theirs if norm == d or c.inside(norm, d))
+            problems.append(f"key {key} = {path!r} is inside {owner}, which the service user "
+                            f"writes, and root installs from or runs what is there; expected a "
+                            f"directory only root writes")
     return problems
 
 

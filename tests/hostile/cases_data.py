@@ -146,6 +146,37 @@ PLACE_CASES = [
 ]
 
 
+# Class 2: what root installs from, runs or compiles with lies where only root writes.
+ROOT_READ_CASES = [
+    case("uv_cache_dir in the service user's cache", {"uv_cache_dir": "/opt/servefleet/cache/uv"},
+         "key uv_cache_dir = '/opt/servefleet/cache/uv' is inside /opt/servefleet/cache"),
+    case("uv_cache_dir in /tmp", {"uv_cache_dir": "/tmp/uv"}, "key uv_cache_dir = '/tmp/uv'"),
+    case("uv_cache_dir in /dev/shm", {"uv_cache_dir": "/dev/shm/uv"}, "only root writes"),
+    case("uv_cache_dir walking out of /var/cache", {"uv_cache_dir": "/var/cache/../../tmp/uv"},
+         "'uv_cache_dir' = '/var/cache/../../tmp/uv'"),
+    case("pip_find_links in the models root", {"pip_find_links": ["/opt/servefleet/models/w"]},
+         "key pip_find_links[0] = '/opt/servefleet/models/w' is inside /opt/servefleet/models"),
+    case("pip_find_links: a file:// URL in /tmp", {"pip_find_links": ["file:///tmp/wheels"]},
+         "key pip_find_links[0]"),
+    case("python_interpreter from the service user's cache",
+         {"python_interpreter": {"debian": "/opt/servefleet/cache/python3",
+                                 "ubuntu": "python3"}},
+         "key python_interpreter['debian']"),
+    case("pip_find_links in a relocated models root",
+         {"models_root": "/srv/models", "pip_find_links": ["/srv/models/wheels"]},
+         "is inside /srv/models"),
+    case("pip_find_links in the depot's store",
+         {"pip_find_links": ["/opt/servefleet/depot/x"]}, "is inside /opt/servefleet/depot"),
+]
+
+
+def root_reads_in_roots_places_are_accepted():
+    assert attempt({"uv_cache_dir": "/var/cache/servefleet/uv",
+                    "pip_find_links": ["/var/cache/servefleet/wheels", "https://example.org/w"],
+                    "python_interpreter": {"debian": "/usr/bin/python3.11",
+                                           "ubuntu": "python3"}})() is None
+
+
 def _rtx(name, overrides, expected):
     return case(name, overrides, expected, base=RTX, groups=("rtx4090",),
                 recipe="serve_q4_llamacpp")
@@ -198,7 +229,9 @@ def places_that_are_allowed_pass():
         assert attempt(data)() is None, data
 
 
-CASES = OWNED_CASES + PLACE_CASES + VALUE_CASES + [
+CASES = OWNED_CASES + PLACE_CASES + ROOT_READ_CASES + VALUE_CASES + [
+    harmless(CATEGORY, "uv_cache_dir, pip_find_links, python_interpreter: root's places",
+             "accepted as they are", root_reads_in_roots_places_are_accepted),
     harmless(CATEGORY, "llamacpp_cmake_flags: a CMake list of architectures",
              "accepted as it is", architecture_lists_pass),
     harmless(CATEGORY, "servefleet_root, models_root, depot_store: places on the allow list",
