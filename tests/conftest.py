@@ -118,7 +118,7 @@ def fleet_file(testbed, ssh_key, tmp_path):
 
 
 # The e2e tier in two halves, each on its own testbed instance in its own worker, side by side
-# with a third worker running the unit and hostile tiers (`-n 3 --dist loadgroup`). The halves
+# with a third worker running the unit and hostile tiers (`-n 3`, pytest_xdist_make_scheduler). The halves
 # are balanced by measured time (README, "Test time"); each module converges the hosts it
 # needs, so a module does not depend on which half ran before it. Within a half, modules run in
 # this order; test_zz_teardown, which takes its instance down, comes last in its half.
@@ -132,8 +132,8 @@ _HALF_OF = {module: (half, pos) for half, modules in E2E_HALVES.items()
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each e2e test joins its half (an xdist group: one worker runs a half, in order); the
-    halves' tests come first, so the workers start on them while the third takes the rest."""
+    """The halves' tests first, each half's modules in their order: the first two workers
+    start on them while the third takes the rest."""
     def key(item):
         module = Path(str(item.fspath)).stem
         if _tier(item.nodeid) != "e2e":
@@ -145,9 +145,22 @@ def pytest_collection_modifyitems(config, items):
         return (0, half, pos)
 
     items.sort(key=key)  # stable: each module keeps its own order
-    for item in items:
-        if _tier(item.nodeid) == "e2e":
-            item.add_marker(pytest.mark.xdist_group(_HALF_OF[Path(str(item.fspath)).stem][0]))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling, with each e2e half one scope (one worker runs it, in order)
+    and every other test a scope of its own (any worker). Not `--dist loadgroup`: it marks
+    groups by rewriting node ids, which pytest 9.2's structured node ids no longer allow."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Halves(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+            if _tier(nodeid) == "e2e" and module in _HALF_OF:
+                return _HALF_OF[module][0]
+            return nodeid
+
+    return Halves(config, log)
 
 
 _NICED: list = []
