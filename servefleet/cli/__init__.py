@@ -11,15 +11,44 @@ import sys
 import threading
 from importlib.metadata import entry_points
 
-from servefleet.core.errors import DataError, Exit, InputError
+from servefleet.core.errors import EXIT_DOCS, DataError, Exit, InputError
 
 COMMANDS = ("bench", "drift", "inspect", "knobs", "plan_kv", "rebuild", "rollback", "rollout",
             "status")
+# The commands that act on a fleet and exit by the table below (inspect, knobs and plan-kv read
+# local files and say their own exit status).
+FLEET_VERBS = ("bench", "drift", "rebuild", "rollback", "rollout", "status")
+
+
+DESCRIPTION = """\
+Provision, check and upgrade LLM serving nodes (on pyinfra).
+
+Converging a node is pyinfra itself, run from the repository root (files/,
+group_data/ and inventory/fleet.yml are found from there):
+  pyinfra inventory/<role>.py deploys/<recipe>.py
+These commands check, upgrade and inspect what pyinfra converged."""
+
+
+def exit_codes() -> str:
+    """The exit codes, as the top-level help and every fleet verb's help end."""
+    lines = ["exit codes:"]
+    for code, text in EXIT_DOCS.items():
+        words, line = text.split(), f"  {int(code):<4}"
+        for word in words:
+            if len(line) + 1 + len(word) > 78:
+                lines.append(line)
+                line = " " * 6
+            line += ("" if line.endswith(" ") else " ") + word
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="servefleet", description="Provision, check and upgrade LLM serving nodes (pyinfra).")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="servefleet", description=DESCRIPTION,
+                                     epilog=exit_codes(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="operator commands (test tooling: demo, hub, testbed)")
     # Each module exposes register(subparsers) and sets func=run(args) -> int.
     for name in COMMANDS:
         importlib.import_module(f"servefleet.cli.{name}").register(sub)
@@ -30,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_parser(ep.name, help=f"(unavailable: {exc})")
             continue
         module.register(sub)
+    # Every command's own help says what it does (its one-line help) and how it exits.
+    helps = {action.dest: action.help for action in sub._choices_actions}
+    for name, command in sub.choices.items():
+        if command.description is None:
+            command.description = helps.get(name)
+        if name in FLEET_VERBS and command.epilog is None:
+            command.epilog = exit_codes()
+            command.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 

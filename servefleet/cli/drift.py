@@ -1,13 +1,12 @@
-"""`servefleet drift INVENTORY DEPLOY [--limit ...] [--json] [--wide] [--all]`: is every host as
-the data says? Exit 0 in sync, 1 drift, 3 a host could not be checked (3 wins)."""
+"""`servefleet drift INVENTORY DEPLOY [--limit ...] [--json] [--wide] [--all] [--debug]`: is
+every host as the data says? Exit 0 in sync, 1 drift, 3 a host could not be checked (3 wins)."""
 
 from __future__ import annotations
 
 import json
 import logging
 
-from pyinfra_cli.util import parse_cli_arg
-
+from servefleet.cli.args import parse_data
 from servefleet.cli.output import cut, table, width
 from servefleet.verbs import drift
 
@@ -25,15 +24,6 @@ def register(sub) -> None:
     p.add_argument("--debug", action="store_true",
                    help="pyinfra's debug log on stderr (each command run on a host)")
     p.set_defaults(func=run)
-
-
-def parse_data(pairs: list[str]) -> dict:
-    """KEY=VALUE pairs as pyinfra's --data reads them (JSON, ints and booleans parsed)."""
-    data = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        data[key] = parse_cli_arg(value)
-    return data
 
 
 def render(report: drift.Report, show_all: bool = False, wide: bool = False) -> str:

@@ -1,10 +1,10 @@
 """`servefleet inspect PATH [--json]`: lint a model before it is deployed.
 
-PATH is a GGUF file (block_count versus blk.N tensors, and the --override-kv that fixes a
-mismatch) or a safetensors checkpoint directory (tensor counts from the index, findings against
-config.json). Exit status: 0 inspected, 1 with --strict when there is a defect or a finding,
-2 when PATH cannot be read as either (one line naming the file and the problem).
-"""
+PATH is a GGUF file (block_count versus blk.N tensors, and the --override-kv
+that fixes a mismatch) or a safetensors checkpoint directory (tensor counts
+from the index, findings against config.json). Exit status: 0 inspected, 1 with
+--strict when there is a defect or a finding, 2 when PATH cannot be read as
+either (one line naming the file and the problem)."""
 
 from __future__ import annotations
 

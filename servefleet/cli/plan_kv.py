@@ -1,10 +1,11 @@
-"""`servefleet plan-kv`: check before deploying that vLLM 0.24.0 will accept a KV-cache size.
+"""`servefleet plan-kv`: check before deploying that vLLM 0.24.0 will accept a KV-
+cache size.
 
-Reproduces the numbers vLLM logs at startup for hybrid (gated-delta-net + full attention)
-models: "Setting attention block size", "GPU KV cache size: N tokens", "Maximum concurrency
-for N tokens per request", and its refusal when one max-model-len request does not fit.
-With --checkpoint it also checks weights + KV pool + overhead against usable memory.
-"""
+Reproduces the numbers vLLM logs at startup for hybrid (gated-delta-net + full
+attention) models: "Setting attention block size", "GPU KV cache size: N
+tokens", "Maximum concurrency for N tokens per request", and its refusal when
+one max-model-len request does not fit. With --checkpoint it also checks
+weights + KV pool + overhead against usable memory."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import logging
 import sys
 from dataclasses import asdict
 
-from servefleet.cli.drift import parse_data
+from servefleet.cli.args import parse_data
 from servefleet.core.errors import Exit
 from servefleet.verbs import rebuild
 

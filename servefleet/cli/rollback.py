@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 
-from servefleet.cli.drift import parse_data
+from servefleet.cli.args import parse_data
 from servefleet.cli.rollout import render
 from servefleet.core.errors import Exit
 from servefleet.verbs.rollout import ROLLED_BACK, rollback

@@ -10,7 +10,7 @@ import logging
 
 from rich.console import Console
 
-from servefleet.cli.drift import parse_data
+from servefleet.cli.args import parse_data
 from servefleet.cli.output import table
 from servefleet.verbs.rollout import Rollout, RolloutReport
 
