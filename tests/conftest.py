@@ -124,8 +124,8 @@ def fleet_file(testbed, ssh_key, tmp_path):
 # this order; test_zz_teardown, which takes its instance down, comes last in its half.
 E2E_HALVES = {
     "e2e-hosts": ["test_testbed", "test_base", "test_drift", "test_models", "test_spark",
-                  "test_security", "test_status_bench", "test_zz_teardown"],
-    "e2e-llama": ["test_drift_recipes", "test_llamacpp", "test_rollout", "test_rebuild"],
+                  "test_security", "test_status_bench", "test_rebuild", "test_zz_teardown"],
+    "e2e-llama": ["test_drift_recipes", "test_llamacpp", "test_rollout"],
 }
 _HALF_OF = {module: (half, pos) for half, modules in E2E_HALVES.items()
             for pos, module in enumerate(modules)}

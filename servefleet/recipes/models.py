@@ -75,9 +75,10 @@ def model_reads(dest: str) -> list:
     lay = base.layout()
     reads = [*base.upload_reads(lay.bin("servefleet-fetch-model")),
              (VerifiedModel, {"path": dest})]
+    reads.append((File, {"path": lay.hf_token_file}))
     if host.data.model_source == "hub":
         reads += [(DistVersions, {"venv": lay.tools_venv, "names": tuple(base.MODEL_TOOLS)}),
-                  (File, {"path": lay.hf_token_file})]
+                  (File, {"path": lay.depot_key}), (File, {"path": lay.depot_known_hosts})]
     return reads
 
 
@@ -105,7 +106,11 @@ def model_tools(source: str):
                         owner=host.data.servefleet_user, group="root", mode="400", secret=True)
         else:
             node.absent(name="No hub token (anonymous)", path=lay.hf_token_file)
+        # A node switched from the depot keeps no fleet key it no longer uses.
+        for path in (lay.depot_key, lay.depot_known_hosts):
+            node.absent(name=f"No depot key material {path} (hub source)", path=path)
     else:
+        node.absent(name="No hub token (depot source)", path=lay.hf_token_file)
         depot_ops.locate(host.data.depot_host)  # a bad depot_host stops the run here
         private, _ = fleet_key(host.data, host.name)
         node.upload(name="Fleet key for the depot (0600)", dest=lay.depot_key, content=private,

@@ -333,6 +333,12 @@ def test_depot_fanout_fetches_upstream_once(testbed, th, tiny, hub_url):
     shell = node.run(f"{as_user} {ssh} sfdepot@{depot.address} id")
     assert shell.rc != 0 and "uid=" not in shell.stdout
 
+    # Back to the hub: the node keeps no fleet key it no longer uses.
+    back = deploy_model(REPO, "main", limit=nodes[0])
+    assert back.returncode == 0, back.output[-3000:]
+    for leftover in ("depot-key", "depot-known-hosts"):
+        assert not node.file(f"/opt/servefleet/etc/{leftover}").exists, leftover
+
 
 def test_interrupted_depot_copy_resumes(testbed, th, tiny, hub_url):
     node = "rtx4090-1"
