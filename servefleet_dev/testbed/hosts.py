@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from servefleet_dev.testbed import net
+from servefleet_dev.testing.wheels import cache_lock
 from servefleet_dev.testbed.image import ADMIN_UID, ADMIN_USER
 from servefleet_dev.testbed.state import (HostRecord, common_dir, instance,
                                           known_hosts_path, shared_dir, testbed_dir)
@@ -35,10 +36,14 @@ def _apt_cache(name: str) -> Path:
 def ssh_key() -> Path:
     """The testbed's own SSH key pair, made once."""
     key = common_dir() / "ssh" / "id_ed25519"
-    if not key.exists():
-        key.parent.mkdir(mode=0o700, exist_ok=True)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "servefleet-testbed",
-                        "-f", str(key)], check=True)
+    if key.with_suffix(".pub").exists():
+        return key
+    with cache_lock("testbed-ssh-key"):  # testbeds brought up side by side make it once
+        if not key.with_suffix(".pub").exists():
+            key.parent.mkdir(mode=0o700, exist_ok=True)
+            key.unlink(missing_ok=True)  # a half-made pair from an interrupted run
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                            "servefleet-testbed", "-f", str(key)], check=True)
     return key
 
 

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from servefleet.core.paths import cache_subdir
+from servefleet_dev.testing.wheels import cache_lock
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -69,11 +70,44 @@ def _mounted_lowerdirs() -> set[str]:
 
 
 def base_image(log=print) -> Path:
-    """Return the cached base rootfs directory, building it first when missing (~30 s)."""
+    """Return the cached base rootfs directory, building it first when missing (~30 s).
+
+    Under a machine-wide lock: testbeds brought up side by side (parallel test workers) build
+    it once, and never replace an image another testbed's guests already run on."""
     images = cache_subdir("testbed/images")
     target = images / f"bookworm-{recipe_hash()}"
     if (target / ".complete").exists():
         return target
+    with cache_lock("testbed-image"):
+        if (target / ".complete").exists():  # built by another caller while we waited
+            return target
+        _build(images, target, log)
+    return target
+
+
+def _build(images: Path, target: Path, log) -> None:
+    log(f"building testbed base image {target.name} with mmdebstrap")
+    tmp = Path(tempfile.mkdtemp(prefix="build-", dir=images))
+    hooks = []
+    for ca in _ca_files():
+        hooks.append(f"--customize-hook=copy-in {ca} /usr/local/share/ca-certificates/")
+    hooks += [f"--customize-hook={cmd}" for cmd in CUSTOMIZE]
+    try:
+        subprocess.run(
+            ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+             *hooks, SUITE, str(tmp / "rootfs"), MIRROR],
+            check=True,
+        )
+        (tmp / "rootfs" / ".complete").touch()
+        if target.exists():
+            shutil.rmtree(target)
+        (tmp / "rootfs").rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    in_use = _mounted_lowerdirs()
+    for old in images.glob("bookworm-*"):  # old recipes are dead weight, unless a guest runs on one
+        if old != target and str(old) not in in_use:
+            shutil.rmtree(old, ignore_errors=True)
     log(f"building testbed base image {target.name} with mmdebstrap")
     tmp = Path(tempfile.mkdtemp(prefix="build-", dir=images))
     hooks = []

@@ -119,14 +119,18 @@ def standin() -> str:
 
 def prepare(spark: bool = True, rtx4090: bool = True, log=print) -> None:
     """Everything both recipes need on the testbed; cheap once done."""
+    # Each part under a machine-wide lock: testbeds prepared side by side (parallel test
+    # workers) make each thing once and never see it half made.
     if spark:
         log("testbed material: torch + vLLM wheels, the vLLM engine stand-in, tiny checkpoint "
             "on the hub")
-        stock_wheelhouse()
-        standin()
-        publish_spark_checkpoint()
+        with cache_lock("testbed-material-spark"):
+            stock_wheelhouse()
+            standin()
+            publish_spark_checkpoint()
     if rtx4090:
         log("testbed material: llama.cpp mirror, tiny GGUF on the hub")
         llama_mirror()
         pin_in_ccache()
-        publish_gguf()
+        with cache_lock("testbed-material-gguf"):
+            publish_gguf()
