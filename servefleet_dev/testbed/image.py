@@ -108,26 +108,3 @@ def _build(images: Path, target: Path, log) -> None:
     for old in images.glob("bookworm-*"):  # old recipes are dead weight, unless a guest runs on one
         if old != target and str(old) not in in_use:
             shutil.rmtree(old, ignore_errors=True)
-    log(f"building testbed base image {target.name} with mmdebstrap")
-    tmp = Path(tempfile.mkdtemp(prefix="build-", dir=images))
-    hooks = []
-    for ca in _ca_files():
-        hooks.append(f"--customize-hook=copy-in {ca} /usr/local/share/ca-certificates/")
-    hooks += [f"--customize-hook={cmd}" for cmd in CUSTOMIZE]
-    try:
-        subprocess.run(
-            ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(PACKAGES)}",
-             *hooks, SUITE, str(tmp / "rootfs"), MIRROR],
-            check=True,
-        )
-        (tmp / "rootfs" / ".complete").touch()
-        if target.exists():
-            shutil.rmtree(target)
-        (tmp / "rootfs").rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    in_use = _mounted_lowerdirs()
-    for old in images.glob("bookworm-*"):  # old recipes are dead weight, unless a guest runs on one
-        if old != target and str(old) not in in_use:
-            shutil.rmtree(old, ignore_errors=True)
-    return target
