@@ -39,6 +39,15 @@ health_timeout_s = 600  # seconds a (re)started service may take to answer /heal
 health_settle_s = 30  # seconds a service must stay healthy after a start before it counts as up
 releases_keep = 2  # releases kept on a node, current included: the previous one serves again instantly
 
+# --- Rollout performance gate (servefleet rollout; README, Rollouts and rollback) -----------
+perf_gate = True  # bench each host before its upgrade and after its health gate; a slower release is rolled back (False: health gate only)
+perf_gate_runs = 3  # measured bench requests per measurement, after one warm-up (the median counts)
+perf_gate_prompt_tokens = 256  # prompt of each gate bench request, in tokens (TTFT)
+perf_gate_max_tokens = 64  # tokens decoded by each gate bench request (decode tok/s)
+perf_gate_decode_drop_pct = 10  # fail when median decode tok/s falls more than this % below the baseline; None: not checked
+perf_gate_ttft_rise_pct = 25  # fail when median TTFT rises more than this % above the baseline; None: not checked
+perf_gate_recheck_pct = 5  # a change within this many points of a threshold is measured once more, and that counts
+
 # --- Models ---------------------------------------------------------------------------------
 hf_endpoint = "https://huggingface.co"  # Hugging Face hub or a mirror speaking its API
 hf_token_file = None  # operator-side file with a hub token (or $HF_TOKEN); None: anonymous

@@ -9,6 +9,7 @@ kv_cache_memory_bytes = 2 * 1024**3  # with max_model_len 4096 (tests/fixtures/h
 min_free_disk_bytes = 1 * 1024**3  # guests share the host's disk
 health_timeout_s = 120  # the stand-in starts in a second or two
 health_settle_s = 3  # a crash loop shows within seconds here
+perf_gate = False  # the engine stand-in's speed means nothing: rollouts gate these hosts on health only
 # Only the real torch and vLLM wheels from the host's wheelhouse (/var/cache/servefleet/wheels,
 # pip_find_links in group_data/testbed.py), not their ~4 GB closure: tests/unit/test_vllm_closure.py
 # proves the closure resolves.

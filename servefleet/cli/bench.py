@@ -1,4 +1,6 @@
-"""`servefleet bench INVENTORY [--limit ...]`: TTFT and decode tok/s per node, median of runs."""
+"""`servefleet bench INVENTORY [--limit ...] [--compare]`: TTFT and decode tok/s per node, median
+of runs; --compare: against the figures each node's previous release recorded (exit 1 when a node
+failed or is slower than the data's performance-gate thresholds allow)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,21 @@ from dataclasses import asdict
 
 from servefleet.cli.output import table
 from servefleet.core.errors import Exit
-from servefleet.verbs.bench import bench
+from servefleet.verbs.bench import bench, compare
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="streaming chat benchmark on each serving node")
     p.add_argument("inventory")
     p.add_argument("--limit", action="append")
-    p.add_argument("--runs", type=int, default=5, help="measured runs after one warm-up")
-    p.add_argument("--prompt-tokens", type=int, default=2048)
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--runs", type=int, help="measured runs after one warm-up (default 5; "
+                   "--compare: the data's perf_gate_runs)")
+    p.add_argument("--prompt-tokens", type=int, help="default 2048; --compare: the data's "
+                   "perf_gate_prompt_tokens")
+    p.add_argument("--max-tokens", type=int, help="default 256; --compare: the data's "
+                   "perf_gate_max_tokens")
+    p.add_argument("--compare", action="store_true",
+                   help="each node now against its previous release's recorded figures")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -39,11 +46,36 @@ def render(results, runs: int, max_tokens: int) -> str:
     return f"{head}\n{body}{tail}"
 
 
+def _fig(doc, key, fmt):
+    return None if not doc or doc.get(key) is None else format(doc[key], fmt)
+
+
+def render_compare(results) -> str:
+    rows = [(r.host, r.release, _fig(r.now, "decode_tok_s", ".1f"), _fig(r.now, "ttft_s", ".3f"),
+             r.previous_release,
+             _fig(r.previous, "decode_tok_s", ".1f"), _fig(r.previous, "ttft_s", ".3f"),
+             ("slower" if r.slower else "ok") if r.ok else "failed") for r in results]
+    body = table(("host", "release", "tok/s", "TTFT s", "previous", "then tok/s", "then TTFT",
+                  "status"), rows, shrink=("release", "previous", "status"))
+    lines = "".join(f"\n{r.host}: {'; '.join(r.lines) if r.ok else 'failed: ' + str(r.error)}"
+                    for r in results if r.lines or not r.ok)
+    return f"servefleet bench --compare: now against the previous release's figures\n{body}{lines}"
+
+
 def run(args) -> int:
     logging.getLogger("pyinfra").setLevel(logging.ERROR)
-    results = bench(args.inventory, args.limit, args.runs, args.prompt_tokens, args.max_tokens)
+    if args.compare:
+        compared = compare(args.inventory, args.limit, args.runs, args.prompt_tokens,
+                           args.max_tokens)
+        print(json.dumps([asdict(r) for r in compared], indent=2) if args.json
+              else render_compare(compared))
+        return int(Exit.OK if compared and all(r.ok and not r.slower for r in compared)
+                   else Exit.DIFFERS)
+    runs, prompt = args.runs or 5, args.prompt_tokens or 2048
+    max_tokens = args.max_tokens or 256
+    results = bench(args.inventory, args.limit, runs, prompt, max_tokens)
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=2))
     else:
-        print(render(results, args.runs, args.max_tokens))
+        print(render(results, runs, max_tokens))
     return int(Exit.OK if results and all(r.ok for r in results) else Exit.DIFFERS)

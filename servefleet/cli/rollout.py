@@ -1,7 +1,8 @@
 """`servefleet rollout INVENTORY DEPLOY [--batch N|P%] [--max-failures K] [--limit ...]
-[--data KEY=VALUE ...] [--json]`: upgrade the fleet batch by batch, each host gated by its health
-check, a failed host rolled back to its previous release. Exit 0 all upgraded, 1 some rolled
-back or untouched, 4 a host needs attention (README, Exit codes)."""
+[--data KEY=VALUE ...] [--no-perf-gate] [--json]`: upgrade the fleet batch by batch, each host
+gated by its health check and its performance against a baseline measured just before, a failed
+host rolled back to its previous release. Exit 0 all upgraded, 1 some rolled back or untouched,
+4 a host needs attention (README, Exit codes)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def register(sub) -> None:
                    help="failed hosts tolerated before the rollout stops (default 0)")
     p.add_argument("--limit", action="append", help="host name, glob or group (repeatable)")
     p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--no-perf-gate", action="store_true",
+                   help="health gate only: no bench before and after each host's upgrade")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -32,11 +35,15 @@ def render(report: RolloutReport) -> str:
     rows = [(h.name, f"{h.from_release or '-'} -> {h.to_release or '-'}", h.result,
              "-" if h.converge_s is None else f"{h.converge_s:.0f}",
              "-" if h.gate_s is None else f"{h.gate_s:.0f}",
+             "-" if h.perf_s is None else f"{h.perf_s:.0f}",
              "-" if h.rollback_s is None else f"{h.rollback_s:.0f}", h.detail or "")
             for h in report.hosts.values()]
-    body = table(("host", "from -> to", "result", "conv s", "gate s", "back s", "detail"), rows,
-                 shrink=("from -> to", "detail"))
-    tail = f"\n{report.message}" if report.message else ""
+    body = table(("host", "from -> to", "result", "conv s", "gate s", "perf s", "back s",
+                  "detail"), rows, shrink=("from -> to", "detail"))
+    # The performance gate's verdicts in full: both figures of each comparison.
+    perf = "".join(f"\n{h.name}: {h.perf}" for h in report.hosts.values()
+                   if h.perf and h.perf_after)
+    tail = perf + (f"\n{report.message}" if report.message else "")
     return f"{body}{tail}\nrollout {report.rollout_id}: exit {int(report.exit_code)}"
 
 
@@ -49,7 +56,7 @@ def run(args) -> int:
             status.update(line)
 
         report = Rollout(args.inventory, args.deploy, args.batch, args.max_failures, args.limit,
-                         parse_data(args.data), say).run()
+                         parse_data(args.data), say, perf_gate=not args.no_perf_gate).run()
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

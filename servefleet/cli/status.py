@@ -8,6 +8,7 @@ import logging
 
 from servefleet.cli.output import table
 from servefleet.core.errors import Exit
+from servefleet.core.perf import short as perf_short
 from servefleet.verbs.status import status
 
 
@@ -27,14 +28,16 @@ def model_name(repo: str | None) -> str | None:
 def render(nodes, wide: bool = False) -> str:
     if wide:
         headers = ("host", "role", "engine", "model", "revision", "service", "enabled",
-                   "/health", "port", "memory GiB", "VRAM GiB", "release", "previous", "error")
+                   "/health", "port", "memory GiB", "VRAM GiB", "release", "previous",
+                   "release perf", "previous perf", "error")
         rows = [(n.host, n.role, n.engine_detail, n.model, n.revision, n.service, n.enabled,
                  n.health, n.port,
                  None if n.memory_total_gib is None else f"{n.memory_used_gib}/{n.memory_total_gib}",
                  n.vram_used_gib,
                  n.release + (f" (rolled back from {n.rolled_back_from})" if n.rolled_back_from
                               else "") if n.release else None,
-                 n.previous_release, n.error) for n in nodes]
+                 n.previous_release, perf_short(n.release_perf),
+                 perf_short(n.previous_release_perf), n.error) for n in nodes]
         return table(headers, rows, max_width=10**6)
     headers = ("host", "role", "engine", "model", "service", "health", "previous")
     rows = []

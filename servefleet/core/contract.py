@@ -107,6 +107,14 @@ KNOBS: tuple[Knob, ...] = (
     K("health_timeout_s", c.integer(1, c.SECONDS_MAX), SERVING + (ROLLOUT,)),
     K("health_settle_s", c.integer(0, 86400), SERVING + (ROLLOUT,)),
     K("releases_keep", c.integer(1, 100), SERVING + (ROLLOUT,)),
+    # --- the rollout's performance gate (servefleet.core.perf) ---------------------------------
+    K("perf_gate", c.BOOL, (ROLLOUT,)),
+    K("perf_gate_runs", c.integer(1, 100), (ROLLOUT, BENCH)),
+    K("perf_gate_prompt_tokens", c.integer(1, c.TOKENS_MAX), (ROLLOUT, BENCH)),
+    K("perf_gate_max_tokens", c.integer(2, c.TOKENS_MAX), (ROLLOUT, BENCH)),
+    K("perf_gate_decode_drop_pct", c.optional(c.integer(1, 100)), (ROLLOUT, BENCH)),
+    K("perf_gate_ttft_rise_pct", c.optional(c.integer(1, 10000)), (ROLLOUT, BENCH)),
+    K("perf_gate_recheck_pct", c.integer(0, 100), (ROLLOUT,)),
     # --- models --------------------------------------------------------------------------------
     K("hf_endpoint", c.URL, (BF16, Q4, DEPOT, MODEL)),
     K("hf_token_file", c.optional(_FILE), (BF16, Q4, DEPOT, MODEL)),

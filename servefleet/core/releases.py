@@ -31,10 +31,13 @@ class Release:
     commit: str | None = None  # llama.cpp: the source commit
     gate: dict = field(default_factory=dict)  # its health check's arguments (operations.health)
     recorded_at: str = ""
+    # The last bench figures measured on it by a performance-gated rollout (core.perf.Figures
+    # as JSON); measured, not what serves: not part of the id.
+    perf: dict | None = None
 
     @property
     def id(self) -> str:
-        doc = {k: v for k, v in asdict(self).items() if k != "recorded_at"}
+        doc = {k: v for k, v in asdict(self).items() if k not in ("recorded_at", "perf")}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -103,6 +106,9 @@ def record(releases: Releases, new: Release, keep: int) -> tuple[Releases, list[
     Returns the new records and the releases dropped beyond `keep` (current included)."""
     if releases.current and releases.current.id == new.id:
         return releases, []
+    measured = next((r.perf for r in releases.kept() if r.id == new.id and r.perf), None)
+    if measured and new.perf is None:  # a kept release again: its last figures stay with it
+        new = replace(new, perf=measured)
     previous = [r for r in ((releases.current,) if releases.current else ()) + releases.previous
                 if r.id != new.id]
     kept, dropped = previous[:max(keep - 1, 0)], previous[max(keep - 1, 0):]
@@ -128,6 +134,22 @@ def prune_candidates(releases: Releases, dropped: list[Release]) -> list[str]:
             if p not in kept and p not in out:
                 out.append(p)
     return out
+
+
+def with_perf(releases: Releases, release_id: str, perf: dict) -> Releases | None:
+    """The records with `perf` on the kept release of that id (None when none has it)."""
+    found = False
+
+    def put(r: Release | None) -> Release | None:
+        nonlocal found
+        if r is not None and r.id == release_id:
+            found = True
+            return replace(r, perf=perf)
+        return r
+
+    updated = Releases(put(releases.current), tuple(put(r) for r in releases.previous),
+                       put(releases.rolled_back_from))
+    return updated if found else None
 
 
 def with_time(release: Release, when: str) -> Release:

@@ -1,14 +1,21 @@
 """Per-node serving benchmark (`servefleet bench`): the field method, run on each node against
-its own API (files/bench/stream_bench.py), with the node's API key file when it has one."""
+its own API (files/bench/stream_bench.py), with the node's API key file when it has one.
+
+`--compare`: each node measured now against the figures its previous release recorded (a
+performance-gated rollout keeps them in the release records, core.releases.Release.perf), by
+default with the gate's workload from the node's data, so that both come from the same one."""
 
 from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from servefleet.core import perf
 from servefleet.core.layout import NodeLayout, api_url
+from servefleet.facts.releases import NodeReleases
 from servefleet.operations.node import put, run
 from servefleet.recipes.base import python
 from servefleet.verbs import session as api
@@ -66,4 +73,58 @@ def bench(inventory: str, limit=None, runs=5, prompt_tokens=2048, max_tokens=256
         for name, res in results.items():
             out.append(res if isinstance(res, NodeResult)
                        else NodeResult(name, False, f"{type(res).__name__}: {res}"))
+    return sorted(out, key=lambda r: r.host)
+
+
+@dataclass
+class Comparison:
+    host: str
+    ok: bool
+    error: str | None = None
+    release: str | None = None  # the current release, short
+    now: dict | None = None  # measured now (core.perf.Figures as JSON)
+    previous_release: str | None = None
+    previous: dict | None = None  # what the previous release recorded, or None
+    lines: list = field(default_factory=list)  # now against previous: both values, the change
+    slower: bool = False  # beyond the data's gate thresholds against the previous release
+
+
+def compare_host(host, runs=None, prompt_tokens=None, max_tokens=None) -> Comparison:
+    settings = perf.Settings.of(host.data.dict())
+    w = settings.workload
+    w = perf.Workload(runs or w.runs, prompt_tokens or w.prompt_tokens, max_tokens or w.max_tokens)
+    records = host.get_fact(NodeReleases, path=NodeLayout.of(host.data).releases_file)
+    prev = records.previous_release
+    out = Comparison(host.name, False, release=records.current.short if records.current else None,
+                     previous_release=prev.short if prev else None,
+                     previous=prev.perf if prev else None)
+    started = time.monotonic()
+    res = bench_host(host, w.runs, w.prompt_tokens, w.max_tokens)
+    if not res.ok:
+        out.error = res.error
+        return out
+    raw = {"median_decode_tok_s": res.median_decode_tok_s, "median_ttft_s": res.median_ttft_s,
+           "runs": res.runs}
+    now = perf.figures(raw, w, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "bench", "",
+                       time.monotonic() - started)
+    out.ok, out.now = True, now.to_json()
+    then = perf.Figures.from_json(out.previous)
+    if then is None:
+        out.lines = ["no figures recorded for the previous release" if prev
+                     else "no previous release"]
+        return out
+    verdict = perf.compare(then, now, settings.thresholds)
+    out.lines, out.slower = list(verdict.lines), bool(verdict.failed)
+    if then.workload and then.workload != w.to_json():
+        out.lines.append(f"workload differs: then {then.workload}, now {w.to_json()}")
+    return out
+
+
+def compare(inventory: str, limit=None, runs=None, prompt_tokens=None, max_tokens=None):
+    with api.session(inventory, limit) as sess:
+        results = sess.each(lambda h: compare_host(h, runs, prompt_tokens, max_tokens))
+        out = [Comparison(n, False, why) for n, why in sess.unreachable.items()]
+        for name, res in results.items():
+            out.append(res if isinstance(res, Comparison)
+                       else Comparison(name, False, f"{type(res).__name__}: {res}"))
     return sorted(out, key=lambda r: r.host)

@@ -7,8 +7,12 @@ back on purpose (`servefleet rollback`).
 2. Batch by batch: mark the hosts (state/rollout.json), converge the batch through the API,
    then gate every host of the batch whether or not the converge restarted anything: the
    recipe's health check, the chat smoke, for vLLM the KV comparison, and `health_settle_s` of
-   staying healthy. A failed converge or gate rolls the host back to its previous release
-   (deploys/rollback.py) and gates it again; with no previous release it needs attention.
+   staying healthy. Then the performance gate (verbs/perfgate.py): the node-side bench, with
+   the data's small workload, against a baseline measured the same way just before the
+   converge; a regression beyond the data's thresholds fails the host (--no-perf-gate, or
+   perf_gate = false in a role's data, leaves the health gate alone). A failed converge or gate
+   rolls the host back to its previous release (deploys/rollback.py) and gates it again; with
+   no previous release it needs attention.
 3. More failed hosts than --max-failures stops the rollout; the rest are left untouched.
 
 The state lives on the nodes (release records, the marker), so a rerun from any operator
@@ -34,6 +38,7 @@ from servefleet.facts.releases import NodeReleases, RolloutMarkerFact
 from servefleet.operations import health
 from servefleet.operations.node import put, run
 from servefleet.verbs import session as api
+from servefleet.verbs.perfgate import PerfGate
 
 ROLLBACK = "deploys/rollback.py"
 UPGRADED, ROLLED_BACK, UNTOUCHED, ATTENTION = ("upgraded", "rolled back", "untouched",
@@ -50,6 +55,10 @@ class HostRollout:
     gate_s: float | None = None
     rollback_s: float | None = None
     detail: str = ""
+    perf_s: float | None = None  # what the performance gate cost: baseline + check(s)
+    perf: str = ""  # the performance gate's verdict, with both figures, or why it is off
+    perf_before: dict | None = None  # the baseline (core.perf.Figures as JSON)
+    perf_after: dict | None = None  # the figures measured on the new release
 
 
 @dataclass
@@ -130,7 +139,8 @@ def _write_marker(host, marker: RolloutMarker | None) -> None:
 
 class Rollout:
     def __init__(self, inventory: str, deploy: str, batch: str, max_failures: int,
-                 limit: list[str] | None, data: dict | None, say: Callable[[str], None]):
+                 limit: list[str] | None, data: dict | None, say: Callable[[str], None],
+                 perf_gate: bool = True):
         self.inventory, self.deploy, self.batch = inventory, deploy, batch
         self.max_failures, self.limit, self.data, self.say = max_failures, limit, data, say
         self.recipe = recipe_of(deploy)
@@ -139,6 +149,8 @@ class Rollout:
                             f"(deploys/serve_bf16.py or deploys/serve_q4_llamacpp.py)")
         self.role = contract.ROLE_OF[self.recipe]
         self.report = RolloutReport(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}")
+        self.perf = PerfGate(self.report.rollout_id, perf_gate, say)
+        self.resumed: dict[str, RolloutMarker] = {}
 
     def session(self, names: list[str] | None = None):
         return api.session(self.inventory, names if names is not None else self.limit,
@@ -164,6 +176,7 @@ class Rollout:
                 marker = host.get_fact(RolloutMarkerFact,
                                        path=NodeLayout.of(host.data).rollout_marker)
                 if marker is not None:  # an interrupted rollout: finished or rolled back now
+                    self.resumed[host.name] = marker
                     return True, f"resuming rollout {marker.rollout_id} ({marker.phase})"
                 ok, said, _ = gate(host, settle_s=0, timeout_s=30)
                 return ok, said
@@ -185,15 +198,21 @@ class Rollout:
                 self.report.hosts[host.name] = HostRollout(host.name)
             for name, rel in sess.each(_release_of, targets).items():
                 self.report.hosts[name].from_release = None if isinstance(rel, Exception) else rel
+            for name, marker in self.resumed.items():  # what it was rolled out from, and when
+                self.report.hosts[name].from_release = (marker.from_release
+                                                        or self.report.hosts[name].from_release)
+                self.perf.resume(name, marker.extra.get("baseline"))
         return names
 
     def _mark(self, names: list[str], phase: str | None) -> None:
         with self.session(names) as sess:
             def mark(host):
                 rec = self.report.hosts[host.name]
+                base = self.perf.baselines.get(host.name)
                 _write_marker(host, None if phase is None else RolloutMarker(
                     self.report.rollout_id, "", phase, rec.from_release,
-                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
+                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    {"baseline": base.to_json()} if base else {}))
             sess.each(mark)
 
     def _gate(self, names: list[str]) -> dict[str, tuple[bool, str, float]]:
@@ -205,6 +224,33 @@ class Rollout:
                 self.report.hosts[name].to_release = rel
         return {n: (r if not isinstance(r, Exception) else (False, str(r), 0.0))
                 for n, r in results.items()}
+
+    def _perf_gate(self, healthy: list[str]) -> list[str]:
+        """The performance gate of the hosts that passed their health gate: those it failed."""
+        for name, rec in self.report.hosts.items():
+            base = self.perf.baselines.get(name)
+            rec.perf = self.perf.off.get(name, rec.perf)
+            rec.perf_before = base.to_json() if base else rec.perf_before
+            rec.perf_s = self.perf.seconds.get(name, rec.perf_s)
+        same = [n for n in healthy if n in self.perf.baselines
+                and self.report.hosts[n].from_release == self.report.hosts[n].to_release]
+        for name in same:
+            self.report.hosts[name].perf = "not needed: the release did not change"
+        todo = [n for n in healthy if n in self.perf.baselines and n not in same]
+        if not todo:
+            return []
+        with self.session(todo) as sess:
+            results = self.perf.check(sess, todo)
+        failed = []
+        for name in todo:
+            rec = self.report.hosts[name]
+            ok, said, after = results.get(name, (False, "performance gate: not run", None))
+            rec.perf, rec.perf_after = said, after.to_json() if after else None
+            rec.perf_s = self.perf.seconds.get(name)
+            if not ok:
+                rec.detail = "; ".join(x for x in (rec.detail, said) if x)
+                failed.append(name)
+        return failed
 
     def _rollback(self, names: list[str]) -> None:
         self.say(f"rolling back {', '.join(names)} to the previous release")
@@ -233,6 +279,11 @@ class Rollout:
         groups = batches(names, self.batch)
         failures = 0
         for number, group in enumerate(groups, 1):
+            if self.perf.enabled:
+                self.say(f"batch {number}/{len(groups)}: {', '.join(group)}: benching the "
+                         f"release serving now (performance gate baseline)")
+            with self.session(group) as sess:
+                self.perf.baseline(sess, group)
             self.say(f"batch {number}/{len(groups)}: {', '.join(group)}: converging {self.deploy}")
             self._mark(group, "converging")
             started = time.monotonic()
@@ -249,16 +300,22 @@ class Rollout:
             if passing:
                 self.say(f"batch {number}/{len(groups)}: gating {', '.join(passing)}")
                 self._mark(passing, "gating")
+                healthy = []
                 for name, (ok, said, seconds) in self._gate(passing).items():
                     rec = self.report.hosts[name]
                     rec.gate_s, rec.detail = round(seconds, 1), said
                     if ok:
-                        rec.result = UPGRADED
-                        self.say(f"{name}: upgraded to {rec.to_release} "
-                                 f"(gate {rec.gate_s} s){'; ' + said if said else ''}")
+                        healthy.append(name)
                     else:
                         rec.detail = f"gate: {said}"
                         failed.append(name)
+                failed += self._perf_gate(healthy)
+                for name in healthy:
+                    rec = self.report.hosts[name]
+                    if name not in failed:
+                        rec.result = UPGRADED
+                        self.say(f"{name}: upgraded to {rec.to_release} (gate {rec.gate_s} s)"
+                                 + "".join(f"; {x}" for x in (rec.detail, rec.perf) if x))
                 self._mark([n for n in passing if n not in failed], None)
             for name in failed:
                 self.say(f"{name}: failed: {self.report.hosts[name].detail}")

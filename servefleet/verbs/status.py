@@ -37,6 +37,8 @@ class NodeStatus:
     release: str | None = None  # current release, short
     previous_release: str | None = None
     rolled_back_from: str | None = None
+    release_perf: dict | None = None  # bench figures its last gated rollout recorded (core.perf)
+    previous_release_perf: dict | None = None
     error: str | None = None
 
     def to_dict(self) -> dict:
@@ -89,6 +91,8 @@ def node_status(host) -> NodeStatus:
         st.release = current.short if current else None
         prev = records.previous_release
         st.previous_release = prev.short if prev else None
+        st.release_perf, st.previous_release_perf = (current.perf if current else None,
+                                                      prev.perf if prev else None)
         st.rolled_back_from = (records.rolled_back_from.short if records.rolled_back_from
                                else None)
     mem = host.get_fact(MemoryBytes)

@@ -1,0 +1,158 @@
+"""The performance gate's logic (servefleet rollout): bench figures, their comparison with a
+baseline, and how they are kept in a release record.
+
+Figures are the node-side bench's medians (files/bench/stream_bench.py): decode tok/s and time to
+first token, with the workload that measured them and when. A release record on the node
+(core.releases.Release.perf) keeps the last figures measured on that release.
+
+The verdict: decode may fall by at most `decode_drop_pct` % of the baseline, TTFT rise by at
+most `ttft_rise_pct` %; a figure whose change lies within `recheck_pct` points of its threshold
+(on either side) is borderline and measured once more before it counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+PASS, FAIL, BORDERLINE = "pass", "fail", "borderline"
+KEYS = ("perf_gate", "perf_gate_runs", "perf_gate_prompt_tokens", "perf_gate_max_tokens",
+        "perf_gate_decode_drop_pct", "perf_gate_ttft_rise_pct", "perf_gate_recheck_pct")
+
+
+@dataclass(frozen=True)
+class Workload:
+    runs: int
+    prompt_tokens: int
+    max_tokens: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    decode_drop_pct: int | None = 10  # None: decode not checked
+    ttft_rise_pct: int | None = 25  # None: TTFT not checked
+    recheck_pct: int = 5
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A host's gate from its data; enabled False: the role's data switched it off."""
+
+    enabled: bool
+    workload: Workload
+    thresholds: Thresholds
+
+    @classmethod
+    def of(cls, data) -> "Settings":
+        return cls(bool(data.get("perf_gate", True)),
+                   Workload(int(data.get("perf_gate_runs") or 3),
+                            int(data.get("perf_gate_prompt_tokens") or 512),
+                            int(data.get("perf_gate_max_tokens") or 64)),
+                   Thresholds(data.get("perf_gate_decode_drop_pct"),
+                              data.get("perf_gate_ttft_rise_pct"),
+                              int(data.get("perf_gate_recheck_pct") or 0)))
+
+
+@dataclass(frozen=True)
+class Figures:
+    decode_tok_s: float | None
+    ttft_s: float
+    measured_at: str = ""
+    workload: dict = field(default_factory=dict)
+    kind: str = ""  # baseline (before the upgrade) | gate (after it) | bench
+    rollout: str = ""  # the rollout that measured them
+    runs: tuple = ()  # per run: [decode tok/s, TTFT s]
+    seconds: float = 0.0  # what measuring took, end to end
+    verdict: str = ""  # for gate figures: what the comparison said
+
+    def to_json(self) -> dict:
+        doc = asdict(self)
+        doc["runs"] = [list(r) for r in self.runs]
+        return doc
+
+    @classmethod
+    def from_json(cls, doc) -> "Figures | None":
+        if not isinstance(doc, dict) or not isinstance(doc.get("ttft_s"), (int, float)):
+            return None
+        try:
+            fig = cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+        except TypeError:
+            return None
+        return fig if isinstance(fig.runs, (list, tuple)) else None
+
+    @property
+    def short(self) -> str:
+        """"41.2 tok/s, TTFT 0.120 s" (80 columns)."""
+        decode = "-" if self.decode_tok_s is None else f"{self.decode_tok_s:.1f}"
+        return f"{decode} tok/s, TTFT {self.ttft_s:.3f} s"
+
+
+def figures(raw: dict, workload: Workload, when: str, kind: str, rollout: str,
+            seconds: float) -> Figures:
+    """Figures from the bench's JSON line (median_decode_tok_s, median_ttft_s, runs)."""
+    runs = tuple((r.get("decode_tok_s"), r.get("ttft_s")) for r in raw.get("runs") or [])
+    return Figures(raw.get("median_decode_tok_s"), float(raw["median_ttft_s"]), when,
+                   workload.to_json(), kind, rollout, runs, round(seconds, 2))
+
+
+def change_pct(before: float | None, after: float | None) -> float | None:
+    if not before or after is None:
+        return None
+    return (after - before) / before * 100
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str  # pass | fail | borderline
+    failed: tuple[str, ...]  # "decode", "TTFT"
+    lines: tuple[str, ...]  # one per figure compared, both values
+
+    @property
+    def text(self) -> str:
+        return "; ".join(self.lines)
+
+
+def compare(before: Figures, after: Figures, th: Thresholds) -> Verdict:
+    """after against before. Decode falls (negative change) and TTFT rises (positive) count."""
+    checks = (("decode", before.decode_tok_s, after.decode_tok_s, "tok/s", ".1f",
+               None if th.decode_drop_pct is None else -th.decode_drop_pct),
+              ("TTFT", before.ttft_s, after.ttft_s, "s", ".3f", th.ttft_rise_pct))
+    failed, lines, borderline = [], [], False
+    for name, b, a, unit, fmt, limit in checks:
+        if limit is None:
+            continue
+        change = change_pct(b, a)
+        if change is None:
+            lines.append(f"{name} not compared ({_v(b, fmt)} -> {_v(a, fmt)} {unit})")
+            continue
+        worse = change < limit if limit < 0 else change > limit
+        lines.append(f"{name} {_v(b, fmt)} -> {_v(a, fmt)} {unit} ({change:+.1f} %, limit "
+                     f"{limit:+d} %){' FAILED' if worse else ''}")
+        if worse:
+            failed.append(name)
+        if abs(change - limit) <= th.recheck_pct:
+            borderline = True
+    state = BORDERLINE if borderline else FAIL if failed else PASS
+    return Verdict(state, tuple(failed), tuple(lines))
+
+
+def _v(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def cv_pct(values) -> float | None:
+    """Coefficient of variation (sample standard deviation / mean), in %."""
+    values = [v for v in values if v is not None]
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return var ** 0.5 / mean * 100 if mean else None
+
+
+def short(doc) -> str | None:
+    """A release record's figures for a table cell ("41.2 tok/s, TTFT 0.120 s"), or None."""
+    fig = Figures.from_json(doc)
+    return fig.short if fig else None

@@ -1,0 +1,145 @@
+"""The performance gate of `servefleet rollout`: the node-side bench (the field method,
+files/bench/stream_bench.py, as `servefleet bench` runs it) with the small workload of the host's
+data, just before a host is converged (the baseline) and once it passed its health gate on the
+new release; a regression beyond the data's thresholds fails the host like a failed health check.
+
+The figures go into the node's release records (core.releases.Release.perf): the baseline on the
+release served before, the gate's figures on the new one (kept as the release rolled back from
+when the gate failed). The baseline also travels in the rollout marker, so that a rerun of an
+interrupted rollout compares with it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import replace
+from typing import Callable
+
+from servefleet.core import perf
+from servefleet.core.layout import NodeLayout
+from servefleet.core.releases import Releases, with_perf
+from servefleet.operations.node import put, run
+from servefleet.verbs.bench import bench_host
+
+OFF_BY_FLAG = "off (--no-perf-gate)"
+OFF_BY_DATA = "off (perf_gate = false in this host's data)"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def read_releases(host) -> Releases:
+    """releases.json as it is now (not a fact: the gate writes it during one session)."""
+    path = NodeLayout.of(host.data).releases_file
+    ok, out, _ = run(host, f"cat {shlex.quote(path)} 2>/dev/null || true")
+    try:
+        return Releases.from_json(json.loads(out)) if ok and out.strip() else Releases()
+    except ValueError:
+        return Releases()
+
+
+def keep(host, figures: perf.Figures) -> bool:
+    """The figures on the node's current release record; False when there is none."""
+    records = read_releases(host)
+    if records.current is None:
+        return False
+    updated = with_perf(records, records.current.id, figures.to_json())
+    path = NodeLayout.of(host.data).releases_file
+    return updated is not None and put(host.state, host, path, updated.dumps().encode())
+
+
+def measure(host, kind: str, rollout_id: str) -> perf.Figures | str:
+    """One measurement with the host's gate workload: its figures, or why it failed."""
+    settings = perf.Settings.of(host.data.dict())
+    w = settings.workload
+    started = time.monotonic()
+    res = bench_host(host, w.runs, w.prompt_tokens, w.max_tokens)
+    if not res.ok:
+        return f"the bench failed: {res.error}"
+    raw = {"median_decode_tok_s": res.median_decode_tok_s, "median_ttft_s": res.median_ttft_s,
+           "runs": res.runs}
+    return perf.figures(raw, w, _now(), kind, rollout_id, time.monotonic() - started)
+
+
+class PerfGate:
+    """Baselines before the converge, the check after the health gate, for one rollout."""
+
+    def __init__(self, rollout_id: str, enabled: bool, say: Callable[[str], None]):
+        self.rollout_id, self.enabled, self.say = rollout_id, enabled, say
+        self.baselines: dict[str, perf.Figures] = {}
+        self.off: dict[str, str] = {}  # name -> why this host has no performance gate
+        self.seconds: dict[str, float] = {}  # name -> what the gate cost this host
+
+    def applies(self, host) -> bool:
+        if not self.enabled:
+            self.off[host.name] = OFF_BY_FLAG
+        elif not perf.Settings.of(host.data.dict()).enabled:
+            self.off[host.name] = OFF_BY_DATA
+        return host.name not in self.off
+
+    def resume(self, name: str, baseline: dict | None) -> None:
+        """The baseline an interrupted rollout measured (its marker), used again."""
+        fig = perf.Figures.from_json(baseline)
+        if fig is not None:
+            self.baselines[name] = fig
+
+    def baseline(self, sess, names: list[str]) -> None:
+        """Measure the hosts about to be converged (those without a baseline yet), and keep the
+        figures on the release they serve now."""
+        def one(host):
+            if not self.applies(host) or host.name in self.baselines:
+                return None
+            fig = measure(host, "baseline", self.rollout_id)
+            if isinstance(fig, perf.Figures):
+                keep(host, fig)
+            return fig
+
+        todo = [h for h in sess.targets if h.name in names]
+        for name, fig in sess.each(one, todo).items():
+            if isinstance(fig, perf.Figures):
+                self.baselines[name] = fig
+                self.seconds[name] = self.seconds.get(name, 0.0) + fig.seconds
+                self.say(f"{name}: baseline {fig.short}")
+            elif fig is not None:  # no baseline: this host is gated on its health only
+                why = fig if isinstance(fig, str) else f"{type(fig).__name__}: {fig}"
+                self.off[name] = f"off (no baseline: {why})"
+                self.say(f"{name}: performance gate {self.off[name]}")
+
+    def check(self, sess, names: list[str]) -> dict[str, tuple[bool, str, perf.Figures | None]]:
+        """(passed, what it said, the figures that counted) for each host of `names` that has a
+        baseline; a borderline result is measured once more, and that measurement counts."""
+        def one(host):
+            before = self.baselines[host.name]
+            th = perf.Settings.of(host.data.dict()).thresholds
+            spent = 0.0
+            after = measure(host, "gate", self.rollout_id)
+            verdict = None
+            for attempt in (1, 2):
+                if isinstance(after, str):
+                    return False, f"performance gate: {after}", None, spent
+                spent += after.seconds
+                verdict = perf.compare(before, after, th)
+                if verdict.state != perf.BORDERLINE or attempt == 2:
+                    break
+                self.say(f"{host.name}: borderline ({verdict.text}): measuring again")
+                after = measure(host, "gate", self.rollout_id)
+            passed = not verdict.failed
+            said = ("performance gate passed: " if passed else "performance gate failed: ") \
+                + verdict.text
+            after = replace(after, verdict=said)
+            keep(host, after)
+            return passed, said, after, spent
+
+        todo = [h for h in sess.targets if h.name in names and h.name in self.baselines]
+        out = {}
+        for name, res in sess.each(one, todo).items():
+            if isinstance(res, Exception):
+                out[name] = (False, f"performance gate: {type(res).__name__}: {res}", None)
+                continue
+            passed, said, after, spent = res
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + spent, 1)
+            out[name] = (passed, said, after)
+        return out
