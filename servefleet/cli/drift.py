@@ -7,7 +7,7 @@ import json
 import logging
 
 from servefleet.cli.args import parse_data
-from servefleet.cli.output import cut, table, width
+from servefleet.cli.output import cut, table, width, wrap
 from servefleet.verbs import drift
 
 
@@ -27,15 +27,21 @@ def register(sub) -> None:
 
 
 def render(report: drift.Report, show_all: bool = False, wide: bool = False) -> str:
-    """One line per host in sync; a line per differing item (cut to the terminal) otherwise."""
+    """One line per host in sync; a line per differing item (cut to the terminal) otherwise.
+    Why a host was not checked is never cut: it is wrapped to the terminal's width."""
+    cols = width()
+
+    def fit(line: str) -> str:
+        return line if wide else cut(line, cols)
+
     out = []
     for host in report.hosts.values():
         counts = {s: sum(i.state == s for i in host.items)
                   for s in ("in_sync", "drifted", "conditional", "always_runs")}
         caption = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-        out.append(f"{host.name}: {host.status}" + (f" ({caption})" if caption else ""))
+        out.append(fit(f"{host.name}: {host.status}" + (f" ({caption})" if caption else "")))
         if host.error:
-            out.append(f"  unchecked: {host.error}")
+            out += wrap(f"unchecked: {host.error}", cols, "  ", "    ")
         # An operation's last name part says what it is ("Unit servefleet-llama.service");
         # --wide and --json keep the whole "deploy | step | operation" name.
         rows = [(i.state, i.name if wide else i.name.rsplit(" | ", 1)[-1], i.expected, i.found)
@@ -50,14 +56,14 @@ def render(report: drift.Report, show_all: bool = False, wide: bool = False) -> 
                         for n, line in enumerate(str(found).splitlines() or [""])]
         else:
             flat = [(s, n, e, str(f).replace("\n", " | ")) for s, n, e, f in rows]
-            body = table(("state", "check", "expected", "found"), flat, width() - 2,
+            body = table(("state", "check", "expected", "found"), flat, cols - 2,
                          shrink=("check", "expected", "found"))
-            out += ["  " + line for line in body.splitlines()]
+            out += [fit("  " + line) for line in body.splitlines()]
     summary = report.to_dict()["summary"]
-    out.append(f"drift: {summary['hosts']} hosts: {summary['in_sync']} in sync, "
-               f"{summary['drifted']} drifted, {summary['unchecked']} unchecked "
-               f"(exit {int(report.exit_code)})")
-    return "\n".join(out if wide else [cut(line, width()) for line in out])
+    out.append(fit(f"drift: {summary['hosts']} hosts: {summary['in_sync']} in sync, "
+                   f"{summary['drifted']} drifted, {summary['unchecked']} unchecked "
+                   f"(exit {int(report.exit_code)})"))
+    return "\n".join(out)
 
 
 def run(args) -> int:

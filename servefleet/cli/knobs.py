@@ -4,8 +4,11 @@ README's knob tables are this command's --markdown output."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from servefleet.cli.output import table
 from servefleet.core import contract, groupdata
+from servefleet.core.errors import InputError
 
 SECTIONS = (
     ("all", "Shared by every host (group_data/all.py)"),
@@ -46,6 +49,11 @@ def markdown() -> str:
 
 
 def run(args) -> int:
+    # The data pyinfra reads is the one under the current directory (the operator's repository),
+    # not the installed package's copy: knobs reads the same, or says where to run it.
+    if not groupdata.group_file("all").is_file():
+        raise InputError(f"no {groupdata.group_file('all')} in {Path.cwd()}: run from the "
+                         f"repository root (where group_data/ and inventory/ are)")
     if args.markdown:
         print(markdown(), end="")
         return 0

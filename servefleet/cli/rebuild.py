@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 
 from servefleet.cli.args import parse_data
-from servefleet.core.errors import Exit
+from servefleet.core.errors import DataError, Exit
 from servefleet.verbs import rebuild
 
 
@@ -37,26 +37,46 @@ def _say(msg):
     print(f"servefleet rebuild: {msg}", file=sys.stderr)
 
 
+def _report(args, result: rebuild.RebuildResult, refused: bool) -> dict:
+    """--json: one object whatever happened, a refusal (bad input, unreachable, cancelled)
+    included; `exit_code` is the command's."""
+    return {"hosts": result.hosts, "purge_models": args.purge_models, "refused": refused,
+            "teardown": {n: asdict(o) for n, o in result.teardown.items()},
+            "converge": {n: asdict(o) for n, o in result.converge.items()},
+            "ok": result.exit_code == Exit.OK, "exit_code": int(result.exit_code),
+            "message": result.message or None}
+
+
+def _refuse(args, result: rebuild.RebuildResult) -> int:
+    """Nothing was changed: the reason on stderr (and the JSON object with --json)."""
+    if args.json:
+        print(json.dumps(_report(args, result, refused=True), indent=2))
+    _say(result.message)
+    return int(result.exit_code)
+
+
 def run(args) -> int:
     logging.getLogger("pyinfra").setLevel(logging.ERROR)
-    data = parse_data(args.data)
-    planned = rebuild.plan(args.inventory, args.limit, args.max_hosts, data)
+    try:
+        data = parse_data(args.data)
+        planned = rebuild.plan(args.inventory, args.limit, args.max_hosts, data, args.deploy)
+    except DataError as exc:
+        return _refuse(args, rebuild.RebuildResult([], Exit.BAD_INPUT, str(exc)))
     if planned.exit_code != Exit.OK:
-        _say(planned.message)
-        return int(planned.exit_code)
+        return _refuse(args, planned)
     what = "services, venvs, builds, state" + (" AND MODELS" if args.purge_models else "")
     if not args.yes:
-        answer = input(f"Rebuild {', '.join(planned.hosts)}: remove {what}, then converge "
-                       f"{args.deploy}? [yes/no] ")
+        # The question goes to stderr, so stdout stays the report (--json); no answer (end of
+        # input) is a no.
+        print(f"Rebuild {', '.join(planned.hosts)}: remove {what}, then converge {args.deploy}? "
+              f"[yes/no] ", end="", file=sys.stderr, flush=True)
+        answer = sys.stdin.readline()
         if answer.strip().lower() != "yes":
-            _say("cancelled; nothing was changed")
-            return int(Exit.DIFFERS)
+            return _refuse(args, rebuild.RebuildResult(planned.hosts, Exit.DIFFERS,
+                                                       "cancelled; nothing was changed"))
     result = rebuild.rebuild(args.inventory, args.deploy, planned.hosts, args.purge_models, data)
     if args.json:
-        print(json.dumps({"hosts": result.hosts, "purge_models": args.purge_models,
-                          "teardown": {n: asdict(o) for n, o in result.teardown.items()},
-                          "converge": {n: asdict(o) for n, o in result.converge.items()},
-                          "ok": result.exit_code == Exit.OK}, indent=2))
+        print(json.dumps(_report(args, result, refused=False), indent=2))
     else:
         for phase, outcomes in (("teardown", result.teardown), ("converge", result.converge)):
             for name, o in outcomes.items():

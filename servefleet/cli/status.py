@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-from servefleet.cli.output import table
+from servefleet.cli.output import table, width, wrap
 from servefleet.core.errors import Exit
 from servefleet.core.perf import short as perf_short
 from servefleet.verbs.status import status
@@ -42,12 +42,16 @@ def render(nodes, wide: bool = False) -> str:
     headers = ("host", "role", "engine", "model", "service", "health", "previous")
     rows = []
     for n in nodes:
-        if n.error:
-            rows.append((n.host, n.role, f"error: {n.error}", None, None, None, None))
+        if n.error:  # the reason, whole, goes under the table
+            rows.append((n.host, n.role, "not read (below)", None, None, None, None))
             continue
         rows.append((n.host, n.role, n.engine, model_name(n.model), n.service, n.health,
                      n.previous_release))
-    return table(headers, rows, shrink=("engine", "model", "previous"))
+    lines = [table(headers, rows, shrink=("engine", "model", "previous"))]
+    for n in nodes:
+        if n.error:
+            lines += wrap(f"{n.host}: not read: {n.error}", width(), "", "  ")
+    return "\n".join(lines)
 
 
 def run(args) -> int:

@@ -20,9 +20,11 @@ class RebuildResult:
     converge: dict = field(default_factory=dict)
 
 
-def plan(inventory: str, limit: list[str], max_hosts: int, data: dict | None = None) -> RebuildResult:
-    """Which hosts a rebuild would act on, or why it refuses (nothing changed)."""
-    with api.session(inventory, limit, data, check_for_changes=False) as sess:
+def plan(inventory: str, limit: list[str], max_hosts: int, data: dict | None = None,
+         deploy: str | None = None) -> RebuildResult:
+    """Which hosts a rebuild would act on, or why it refuses (nothing changed). With `deploy`,
+    the data is validated for it here, so bad data is refused before the teardown, not after."""
+    with api.session(inventory, limit, data, deploy=deploy, check_for_changes=False) as sess:
         names = sorted(h.name for h in sess.targets)
         unreachable = dict(sess.unreachable)
     if not names:

@@ -8,6 +8,7 @@ named, with pyinfra's reason; what pyinfra logs about each host is kept for the 
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -16,10 +17,12 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
+from pathlib import Path
 
 import gevent
 import pyinfra
 # pyinfra_cli patches sockets for gevent on import, which parallel connections rely on.
+from pyinfra_cli.exceptions import UnexpectedExternalError
 from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 from pyinfra.api import Config, State
@@ -29,7 +32,8 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
 
-from servefleet.core.inventory import reset_run_context, set_run_context
+from servefleet.core.errors import DataError
+from servefleet.core.inventory import fleet_path, reset_run_context, set_run_context
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(r"^\[([^\]]+)\]\s*(.*)$")
@@ -97,13 +101,70 @@ def select(inventory, limit: list[str] | None) -> list:
     return [h for h in inventory if any(fnmatch(h.name, p) or p in h.groups for p in limit)]
 
 
+def _names(names, most: int = 8) -> str:
+    names = list(names)
+    return ", ".join(names[:most]) + (f", … ({len(names)} in all)" if len(names) > most else "")
+
+
+def check_file(kind: str, path: str, folder: str) -> None:
+    """Refuse (DataError, exit 2) an inventory or deploy path that names no file, before
+    pyinfra reads it: pyinfra takes an unknown name for a host or a module and finds no host."""
+    if Path(path).is_file():
+        return
+    cwd = Path.cwd()
+    known = sorted(str(p.relative_to(cwd)) for p in (cwd / folder).glob("*.py")) \
+        if (cwd / folder).is_dir() else []
+    close = difflib.get_close_matches(path, known, n=1)
+    if close:
+        hint = f"did you mean {close[0]}?"
+    elif known:
+        hint = f"expected one of {_names(known)}"
+    else:
+        hint = f"no {folder}/ here: run from the repository root"
+    what = "is not a file" if Path(path).exists() else "not found"
+    raise DataError(f"{kind} file {path}: {what} in {cwd}; {hint}")
+
+
+def load_inventory(inventory_path: str, cwd: str, data: dict | None):
+    """pyinfra's inventory from an inventory file; a file that is no inventory (fleet.yml, a
+    deploy, a syntax error) is refused with one line (DataError), not a traceback."""
+    if not inventory_path.endswith(".py"):
+        raise DataError(f"inventory file {inventory_path}: expected a Python inventory such as "
+                        f"inventory/spark.py (they read {fleet_path()})")
+    try:
+        return make_inventory(inventory_path, cwd=cwd, override_data=data or {})
+    except (UnexpectedExternalError, SyntaxError) as exc:
+        error = getattr(exc, "exception", exc)
+        why = (str(error).strip().splitlines() or [""])[0]
+        raise DataError(f"inventory file {inventory_path}: could not be loaded "
+                        f"({type(error).__name__}{': ' + why if why else ''}); expected an "
+                        f"inventory such as inventory/spark.py") from None
+
+
+def check_selection(inventory_path: str, inventory, targets: list, limit) -> None:
+    """Refuse an inventory with no host, or a --limit that selects none of its hosts."""
+    hosts = list(inventory)
+    if not hosts:
+        raise DataError(f"inventory {inventory_path} has no hosts: {fleet_path()} lists no node "
+                        f"for it; add one entry per node (see README, Add your own nodes)")
+    if limit and not targets:
+        groups = sorted({g for h in hosts for g in h.groups})
+        raise DataError(f"--limit {' '.join(limit)} matches no host of {inventory_path} "
+                        f"(hosts: {_names(h.name for h in hosts)}; groups: {_names(groups)})")
+
+
 @contextmanager
 def session(inventory_path: str, limit: list[str] | None = None, data: dict | None = None,
             deploy: str | None = None, check_for_changes: bool = True, debug: bool = False):
     """Connect to the inventory's hosts (--limit) for a verb. The inventory validates every
     host's data, --data included, for `deploy` before anything connects (DataError).
     `debug`: pyinfra's debug log on stderr too, as `pyinfra --debug` prints it (every command
-    it runs on a host: "Running command on HOST: ...")."""
+    it runs on a host: "Running command on HOST: ...").
+    A missing inventory or deploy file, an inventory with no host and a --limit that selects
+    none are refused (DataError) before anything connects."""
+    check_file("inventory", inventory_path, "inventory")
+    if deploy:
+        check_file("deploy", deploy, "deploys")
     state = State(check_for_changes=check_for_changes)
     state.cwd = os.getcwd()
     config = Config()
@@ -122,9 +183,10 @@ def session(inventory_path: str, limit: list[str] | None = None, data: dict | No
     ctx_state.set(state)
     ctx_config.set(config)
     try:
-        inventory = make_inventory(inventory_path, cwd=state.cwd, override_data=data or {})
+        inventory = load_inventory(inventory_path, state.cwd, data)
         ctx_inventory.set(inventory)
         targets = select(inventory, limit)
+        check_selection(inventory_path, inventory, targets, limit)
         state.init(inventory, config, initial_limit=targets)
         sess = Session(state, config, targets, log)
         state.set_stage(StateStage.Connect)

@@ -106,8 +106,10 @@ def node_status(host) -> NodeStatus:
 def status(inventory: str, limit=None) -> list[NodeStatus]:
     with api.session(inventory, limit) as sess:
         results = sess.each(node_status)
-        out = [NodeStatus(n, error=why) for n, why in sess.unreachable.items()]
+        roles = {h.name: _role(h) for h in sess.targets}
+        out = [NodeStatus(n, role=roles.get(n), error=why) for n, why in sess.unreachable.items()]
         for name, res in results.items():
             out.append(res if isinstance(res, NodeStatus)
-                       else NodeStatus(name, error=f"{type(res).__name__}: {res}"))
+                       else NodeStatus(name, role=roles.get(name),
+                                       error=f"{type(res).__name__}: {res}"))
     return sorted(out, key=lambda s: s.host)

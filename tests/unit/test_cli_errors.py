@@ -1,0 +1,189 @@
+"""The real `servefleet` command on bad input and unreachable hosts: one line saying why (which
+file or host, what was expected) and the exit code of the table (servefleet/core/errors.py):
+2 refused before any host was touched, 3 a host could not be reached. No VM needed: an
+unreachable host is 127.0.0.1 on a closed port."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+UNREACHABLE = "hosts:\n  - {name: spark-01, role: spark, ssh_hostname: 127.0.0.1, ssh_port: 1}\n"
+REASON = "Unable to connect to port 1 on 127.0.0.1"
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """A fleet file written for one test; returns its path."""
+    def write(text: str = UNREACHABLE) -> Path:
+        path = tmp_path / "fleet.yml"
+        path.write_text(text)
+        return path
+    return write
+
+
+def servefleet(*args: str, fleet: Path | None = None, cwd: Path = REPO,
+               stdin: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO)}
+    env.pop("SERVEFLEET_FLEET", None)
+    if fleet is not None:
+        env["SERVEFLEET_FLEET"] = str(fleet)
+    return subprocess.run([sys.executable, "-m", "servefleet.cli", *args], cwd=cwd, env=env,
+                          input=stdin, capture_output=True, text=True, timeout=180)
+
+
+def one_line(proc: subprocess.CompletedProcess, command: str) -> str:
+    """The refusal: exactly one line on stderr, prefixed with the command."""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"servefleet {command}: "), lines[0]
+    return lines[0]
+
+
+# --- 2: refused before any host is touched ------------------------------------------------------
+
+@pytest.mark.parametrize("command,args", [
+    ("drift", ["inventory/sprak.py", "deploys/base.py"]),
+    ("status", ["inventory/sprak.py"]),
+    ("bench", ["inventory/sprak.py"]),
+    ("rollout", ["inventory/sprak.py", "deploys/serve_bf16.py"]),
+    ("rollback", ["inventory/sprak.py", "--limit", "spark-01"]),
+    ("rebuild", ["inventory/sprak.py", "deploys/base.py", "--limit", "spark-01", "--yes"]),
+])
+def test_a_typo_in_the_inventory_path_is_one_line_and_exit_2(fleet, command, args):
+    # Was: pyinfra took the name for a host or module, found no host, and drift / status
+    # exited 3 with an empty report, bench 1 with an empty table.
+    proc = servefleet(command, *args, fleet=fleet())
+    line = one_line(proc, command)
+    assert "inventory file inventory/sprak.py: not found in" in line
+    assert line.endswith("did you mean inventory/spark.py?")
+    assert proc.returncode == 2 and proc.stdout == ""
+
+
+def test_a_typo_in_the_deploy_path_is_one_line_and_exit_2(fleet):
+    proc = servefleet("drift", "inventory/spark.py", "deploys/bsae.py", fleet=fleet())
+    line = one_line(proc, "drift")
+    assert "deploy file deploys/bsae.py: not found in" in line
+    assert line.endswith("did you mean deploys/base.py?")
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("path,expected", [
+    ("inventory/fleet.yml", "expected a Python inventory such as inventory/spark.py"),
+    ("deploys/base.py", "could not be loaded"),  # arguments swapped: a deploy as inventory
+])
+def test_a_file_that_is_no_inventory_is_one_line_not_a_traceback(fleet, path, expected):
+    proc = servefleet("status", path, fleet=fleet())
+    line = one_line(proc, "status")
+    assert f"inventory file {path}: " in line and expected in line
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("command,args", [
+    ("drift", ["inventory/spark.py", "deploys/base.py"]),
+    ("status", ["inventory/spark.py"]),
+    ("rebuild", ["inventory/spark.py", "deploys/base.py", "--yes"]),
+])
+def test_a_limit_that_matches_no_host_is_one_line_and_exit_2(fleet, command, args):
+    proc = servefleet(command, *args, "--limit", "sprak-01", fleet=fleet())
+    line = one_line(proc, command)
+    assert line.endswith("--limit sprak-01 matches no host of inventory/spark.py "
+                         "(hosts: spark-01; groups: spark)")
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("text", [
+    "hosts: []\n",
+    "hosts:\n  - {name: gpu-01, role: rtx4090, ssh_hostname: 127.0.0.1, ssh_port: 1}\n",
+])
+@pytest.mark.parametrize("command,args", [
+    ("drift", ["inventory/spark.py", "deploys/base.py"]),
+    ("status", ["inventory/spark.py"]),
+])
+def test_an_empty_fleet_is_one_line_and_exit_2(fleet, text, command, args):
+    path = fleet(text)
+    proc = servefleet(command, *args, fleet=path)
+    line = one_line(proc, command)
+    assert f"inventory inventory/spark.py has no hosts: {path} lists no node for it" in line
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("args", [[], ["--markdown"]])
+def test_knobs_outside_the_repository_says_where_to_run_it(tmp_path, args):
+    proc = servefleet("knobs", *args, cwd=tmp_path)
+    line = one_line(proc, "knobs")
+    assert f"no group_data/all.py in {tmp_path}: run from the repository root" in line
+    assert proc.returncode == 2 and proc.stdout == ""
+
+
+def test_knobs_from_the_repository_lists_the_data():
+    proc = servefleet("knobs")
+    assert proc.returncode == 0, proc.stderr
+    assert "Shared by every host (group_data/all.py):" in proc.stdout
+
+
+def test_a_refused_rebuild_json_still_prints_one_json_object(fleet):
+    proc = servefleet("rebuild", "inventory/sprak.py", "deploys/base.py", "--limit", "spark-01",
+                      "--yes", "--json", fleet=fleet())
+    report = json.loads(proc.stdout)
+    assert report["refused"] is True and report["ok"] is False and report["exit_code"] == 2
+    assert "inventory/sprak.py: not found" in report["message"]
+    assert "did you mean inventory/spark.py?" in one_line(proc, "rebuild")
+    assert proc.returncode == 2
+
+
+# --- 3: a host that cannot be reached -----------------------------------------------------------
+
+def test_drift_of_an_unreachable_host_is_exit_3_with_the_whole_reason(fleet):
+    proc = servefleet("drift", "inventory/spark.py", "deploys/base.py", fleet=fleet())
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "spark-01: unchecked"
+    assert all(len(line) <= 80 for line in lines), proc.stdout
+    assert "…" not in proc.stdout  # was: "Could not connect ([Errno None] Unable to connect…"
+    assert REASON in " ".join(line.strip() for line in lines)
+    assert lines[-1] == "drift: 1 hosts: 0 in sync, 0 drifted, 1 unchecked (exit 3)"
+
+
+def test_drift_json_of_an_unreachable_host_is_exit_3(fleet):
+    proc = servefleet("drift", "inventory/spark.py", "deploys/base.py", "--json", fleet=fleet())
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 3 and report["exit_code"] == 3
+    assert report["hosts"]["spark-01"]["status"] == "unchecked"
+    assert REASON in report["hosts"]["spark-01"]["error"]
+
+
+def test_status_of_an_unreachable_host_is_exit_3_with_the_whole_reason(fleet):
+    proc = servefleet("status", "inventory/spark.py", fleet=fleet())
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), proc.stdout
+    assert "…" not in proc.stdout  # was: "error: Could not connect ([Er…"
+    row = next(line for line in lines[1:] if line.startswith("spark-01 "))
+    assert row.split()[:3] == ["spark-01", "spark", "not"]  # its role, and "not read (below)"
+    below = " ".join(line.strip() for line in lines[lines.index(row) + 1:])
+    assert below.startswith("spark-01: not read: Could not connect") and REASON in below
+
+
+def test_rebuild_of_an_unreachable_host_is_exit_3_and_changes_nothing(fleet):
+    proc = servefleet("rebuild", "inventory/spark.py", "deploys/base.py", "--limit", "spark-01",
+                      "--yes", fleet=fleet())
+    line = one_line(proc, "rebuild")
+    assert line.startswith("servefleet rebuild: cannot reach spark-01 (Could not connect")
+    assert REASON in line and line.endswith("; nothing was changed")
+    assert proc.returncode == 3 and proc.stdout == ""
+
+
+def test_a_refused_rebuild_json_of_an_unreachable_host_is_a_json_object(fleet):
+    # Was: nothing on stdout. Not asked either: the host is refused before the question.
+    proc = servefleet("rebuild", "inventory/spark.py", "deploys/base.py", "--limit", "spark-01",
+                      "--json", fleet=fleet())
+    report = json.loads(proc.stdout)
+    assert report["hosts"] == ["spark-01"] and report["refused"] is True
+    assert report["exit_code"] == 3 and report["teardown"] == {} and report["converge"] == {}
+    assert REASON in report["message"]
+    assert proc.returncode == 3
