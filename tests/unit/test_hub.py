@@ -501,6 +501,10 @@ def test_check_address_refuses_ports_out_of_range(port):
         hub.check_address("127.0.0.1", port)
 
 
-def test_check_address_accepts_loopback_spellings():
-    for host in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
-        hub.check_address(host, 0)
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "::ffff:127.0.0.1"])
+def test_check_address_accepts_loopback_spellings(published, host):
+    hub.check_address(host, 0)  # no AddressError...
+    # ...and a hub started on that spelling serves on it, as a client reaches it.
+    with hub.running_hub(published["root"], host=host) as url:
+        assert urllib.parse.urlsplit(url).hostname == host
+        assert _status(url, b"GET " + CONFIG + b" HTTP/1.1\r\n\r\n") == 200

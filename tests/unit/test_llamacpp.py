@@ -23,9 +23,9 @@ LINT_SCRIPT = Path(gguf_lint.__file__)
 MODEL_DIR = "/opt/servefleet/models/gaoqianshen--Qwen-AgentWorld-35B-A3B-Q4_K_M-GGUF/" + "a" * 40
 
 
-def check(data: dict, groups=("rtx4090",)):
-    validate(HostData("rtx4090-1", list(groups), [Layer("group_data", data)]),
-             "serve_q4_llamacpp")
+def check(data: dict, groups=("rtx4090",)) -> dict:
+    return validate(HostData("rtx4090-1", list(groups), [Layer("group_data", data)]),
+                    "serve_q4_llamacpp")
 
 
 PROD = ("all", "rtx4090")
@@ -36,7 +36,11 @@ TESTBED = ("all", "rtx4090", "testbed_rtx4090", "testbed")
 
 @pytest.mark.parametrize("groups", [PROD, TESTBED])
 def test_shipped_data_is_valid(groups):
-    check(group_data(*groups), groups[1:])
+    data = group_data(*groups)
+    valid = check(data, groups[1:])  # DataError (one line) on a bad default
+    # What the recipe runs from: the data as shipped, nothing dropped or rewritten.
+    assert valid == data
+    assert llamacpp.build_name(valid).startswith(f"{data['llamacpp_tag']}-")
 
 
 def test_production_pins_and_flags():

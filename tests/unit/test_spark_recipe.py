@@ -64,8 +64,12 @@ def load_script(relative: str):
 
 @pytest.mark.parametrize("roles", [("spark",), ("spark", "testbed_spark", "testbed")])
 def test_recipe_defaults_pass_the_contract(roles):
-    host = HostData("spark-x", list(roles), [Layer("group_data", group_data(*roles))])
-    validate(host, "serve_bf16")  # raises DataError on a bad default
+    data = group_data(*roles)
+    host = HostData("spark-x", list(roles), [Layer("group_data", data)])
+    valid = validate(host, "serve_bf16")  # raises DataError on a bad default
+    # The recipe runs from the data as shipped: nothing dropped or rewritten, pins as written.
+    assert valid == data
+    assert vllm.venv_path(valid).endswith(f"/venvs/vllm-{data['vllm_version']}")
 
 
 def test_bad_values_are_named():
@@ -131,14 +135,14 @@ def test_version_facts_parse_their_output():
 
 def test_torch_cuda_fact_reads_the_real_version_py(tmp_path):
     """The fact's command on a venv holding torch 2.11.0's real torch/version.py."""
-    from servefleet_dev.testing.wheels import cache_subdir, wheel_member
+    from servefleet_dev.testbed.material import torch_wheel
+    from servefleet_dev.testing.wheels import wheel_member
 
-    wheels = sorted(cache_subdir("wheels").glob("torch-2.11.0-*.whl"))
-    if not wheels:
-        pytest.skip("no torch 2.11.0 wheel in the cache (tests/e2e/test_spark.py downloads one)")
+    # PyPI's torch 2.11.0 wheel, the testbed's: from the cache, downloaded once when missing.
+    wheel = torch_wheel()
     site = tmp_path / "venv/lib/python3.11/site-packages"
     (site / "torch").mkdir(parents=True)
-    (site / "torch/version.py").write_bytes(wheel_member(wheels[0], "torch/version.py"))
+    (site / "torch/version.py").write_bytes(wheel_member(wheel, "torch/version.py"))
     (tmp_path / "venv/bin").mkdir()
     (tmp_path / "venv/bin/python").symlink_to(sys.executable)
     command = TorchCuda().command(str(tmp_path / "venv")).get_raw_value()
