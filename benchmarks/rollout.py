@@ -10,8 +10,10 @@ first cheap). Then, timed:
   2. back to b9785 (the data's release), not reported;
   3. failing upgrade: the newer tree with the GGUF overrides turned off, which cannot load the
      field GGUF; the first host fails its gate, is rolled back, and the rollout stops.
-Printed: wall time of each rollout, each host's converge and gate seconds, and the rollback time
-of the failed host, as the rollout's own JSON report gives them.
+Printed: wall time of each rollout, each host's converge and gate seconds, what the performance
+gate added to each host (perf s: the baseline bench before its converge and the bench after its
+health gate, SSH included, with its verdict), and the rollback time of the failed host, as the
+rollout's own JSON report gives them.
 """
 
 import argparse
@@ -75,18 +77,25 @@ def main() -> None:
 
     table = Table(title=f"llama.cpp rollout, {args.hosts} testbed hosts, batches of {args.batch} "
                         f"(b9785 -> {NEWER}; {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})")
-    for col in ("host", "upgrade: converge s", "upgrade: gate s", "failing: result",
-                "failing: gate s", "failing: rollback s"):
+    for col in ("host", "upgrade: converge s", "upgrade: gate s", "upgrade: perf s",
+                "failing: result", "failing: gate s", "failing: rollback s"):
         table.add_column(col, justify="right")
     for name in hosts:
         u, f = up["hosts"].get(name, {}), fail["hosts"].get(name, {})
-        table.add_row(name, str(u.get("converge_s")), str(u.get("gate_s")), str(f.get("result")),
-                      str(f.get("gate_s")), str(f.get("rollback_s")))
+        table.add_row(name, str(u.get("converge_s")), str(u.get("gate_s")), str(u.get("perf_s")),
+                      str(f.get("result")), str(f.get("gate_s")), str(f.get("rollback_s")))
     Console().print(table)
     gates = [h["gate_s"] for h in up["hosts"].values() if h.get("gate_s") is not None]
     rolled = [h["rollback_s"] for h in fail["hosts"].values() if h.get("rollback_s") is not None]
     print(f"upgrade rollout wall time: {up_wall:.1f} s (back to b9785: {back_wall:.1f} s); "
           f"median per-host gate: {statistics.median(gates):.1f} s")
+    perf = [h["perf_s"] for r in (up, back) for h in r["hosts"].values()
+            if h.get("perf_s") is not None]
+    if perf:
+        print(f"performance gate per host (baseline + check, both rollouts): median "
+              f"{statistics.median(perf):.1f} s ({min(perf):.1f}-{max(perf):.1f}, {len(perf)} hosts)")
+    for name, h in up["hosts"].items():
+        print(f"  {name}: {h.get('perf')}")
     print(f"failing rollout wall time: {fail_wall:.1f} s; rollback of the failed host: "
           f"{', '.join(f'{s:.1f} s' for s in rolled) or 'none'}")
 

@@ -236,7 +236,8 @@ class Rollout:
                 and self.report.hosts[n].from_release == self.report.hosts[n].to_release]
         for name in same:
             self.report.hosts[name].perf = "not needed: the release did not change"
-        todo = [n for n in healthy if n in self.perf.baselines and n not in same]
+        todo = [n for n in healthy if n in self.perf.baselines and n not in same
+                and n not in self.perf.off]
         if not todo:
             return []
         with self.session(todo) as sess:

@@ -4,9 +4,14 @@ llama.cpp: a real upgrade between two real releases, b9785 (the recipe's) and th
 vendored in llama-cpp-python 0.3.36, on three hosts in batches of one; a failing upgrade that
 changes the build too (the newer tree with the overrides turned off for the defective GGUF) is
 rolled back on the first host and stops the rollout; the rollout is interrupted at three points
-and a rerun finishes or rolls back. vLLM: 0.24.0 -> 0.26.0 with the real wheels and both real
-patches, served by the engine stand-in replaying 0.26.0's own recorded lines; it rolls back
-when the stand-in is told to fail for 0.26.0. Then a rollback by hand, and a converge back.
+and a rerun finishes or rolls back. The performance gate, on the real llama-server only: the
+upgrade of the three hosts is as fast and passes it; the same release made genuinely slower (the
+server on one thread of the guests' two) fails it and is rolled back to the faster one;
+--no-perf-gate lets it through, and `bench --compare` finds it slower than its previous release.
+vLLM: 0.24.0 -> 0.26.0 with the real wheels and both real patches, served by the engine stand-in
+replaying 0.26.0's own recorded lines (its speed means nothing: the performance gate is off for
+these hosts in the testbed's data); it rolls back when the stand-in is told to fail for 0.26.0.
+Then a rollback by hand, and a converge back.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 
 import pytest
 
+from servefleet.core.groupdata import load_group
 from servefleet_dev.testbed import lifecycle, material
 from servefleet_dev.testbed.hosts import shared_dir
 from servefleet_dev.testing.llama_src import commits
@@ -35,6 +41,10 @@ ROOT = "/opt/servefleet"
 UNIT = "/etc/systemd/system/servefleet-llama.service"
 CLI = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(main())"]
 NEWER = "llama-cpp-python-0.3.36"
+# A genuinely slower release: the same build and model, the server on one thread (the guests
+# have two cores). releases_keep 3 keeps b9785's build for the tests after these.
+SLOW = ["--data", 'llamacpp_server_args=["--threads","1"]', "--data", "releases_keep=3"]
+NO_GATE = "--no-perf-gate"  # for rollouts that only set the stage: the gate is tested on its own
 
 
 def newer() -> list[str]:
@@ -79,6 +89,23 @@ def release_id(doc: dict) -> str:
     return Release.from_json(doc).id
 
 
+def workload() -> dict:
+    """The gate's workload in the testbed rtx4090 hosts' data."""
+    data = {}
+    for group in ("all", "rtx4090", "testbed_rtx4090", "testbed"):
+        data.update(load_group(group))
+    return {"runs": data["perf_gate_runs"], "prompt_tokens": data["perf_gate_prompt_tokens"],
+            "max_tokens": data["perf_gate_max_tokens"]}
+
+
+def gated(figures: dict, kind: str, rollout_id: str) -> None:
+    """Figures the gate kept on the node: what measured them, with what, and the medians."""
+    assert figures["kind"] == kind and figures["rollout"] == rollout_id, figures
+    assert figures["workload"] == workload() and figures["measured_at"].endswith("Z")
+    assert len(figures["runs"]) == workload()["runs"]
+    assert figures["decode_tok_s"] > 0 and figures["ttft_s"] > 0
+
+
 @pytest.fixture(scope="module")
 def llama_fleet(testbed):
     """Three llama.cpp hosts serving b9785, the testbed's pin."""
@@ -103,7 +130,13 @@ def test_a_real_upgrade_of_three_hosts_in_batches_of_one(llama_fleet, th):
         assert r["result"] == "upgraded", r
         assert r["from_release"].startswith("llama.cpp b9785") and NEWER in r["to_release"]
         assert r["gate_s"] is not None and r["converge_s"] is not None
+        # As fast: the performance gate passed, both figures named; both kept on the node.
+        assert r["perf"].startswith("performance gate passed: decode "), r
+        assert r["perf_s"] > 0 and r["perf_before"] and r["perf_after"]
         current = agree(th, host)
+        gated(current["perf"], "gate", report["rollout_id"])
+        assert current["perf"] == r["perf_after"] and current["perf"]["verdict"] == r["perf"]
+        gated(records(th, host)["previous"][0]["perf"], "baseline", report["rollout_id"])
         assert current["version"] == NEWER and current["commit"] == commits()[NEWER]
         assert health(th, host) == "200"
         # The previous release stays servable: its build is on disk.
@@ -112,8 +145,65 @@ def test_a_real_upgrade_of_three_hosts_in_batches_of_one(llama_fleet, th):
     assert "batch 3/3" in err  # one host per batch
 
 
+def test_a_slower_release_fails_the_performance_gate_and_is_rolled_back(llama_fleet, th):
+    host = LLAMAS[0]
+    fast = agree(th, host)  # the newer tree, gated as fast by the upgrade above
+    rc, report, err = rollout(*newer(), *SLOW, limit=[host])
+    assert rc == 1, (report, err[-3000:])
+    r = report["hosts"][host]
+    assert r["result"] == "rolled back", r
+    assert r["gate_s"] is not None  # it was healthy: the performance gate failed it
+    assert r["perf"].startswith("performance gate failed: ") and "FAILED" in r["perf"]
+    assert r["perf"] in r["detail"]
+    before, after = r["perf_before"], r["perf_after"]
+    # The figure that failed is named with both values, and is really beyond its threshold.
+    if "decode" in r["perf"].split("FAILED")[0].rsplit(";", 1)[-1]:
+        assert f"decode {before['decode_tok_s']:.1f} -> {after['decode_tok_s']:.1f} tok/s" \
+            in r["perf"] and after["decode_tok_s"] < 0.9 * before["decode_tok_s"]
+    else:
+        assert f"TTFT {before['ttft_s']:.3f} -> {after['ttft_s']:.3f} s" in r["perf"]
+        assert after["ttft_s"] > 1.25 * before["ttft_s"]
+    # Back on the faster release; the node keeps both measurements.
+    current = agree(th, host)
+    assert release_id(current) == release_id(fast) and "--threads" not in current["unit_text"]
+    assert health(th, host) == "200"
+    rec = records(th, host)
+    gated(rec["current"]["perf"], "baseline", report["rollout_id"])
+    assert rec["current"]["perf"] == before
+    slow = rec["rolled_back_from"]
+    assert "--threads 1" in slow["unit_text"] and slow["version"] == NEWER
+    gated(slow["perf"], "gate", report["rollout_id"])
+    assert slow["perf"] == after and slow["perf"]["verdict"] == r["perf"]
+
+
+def test_no_perf_gate_lets_the_slower_release_through(llama_fleet, th):
+    host = LLAMAS[0]
+    rc, report, err = rollout(NO_GATE, *newer(), *SLOW, limit=[host])
+    assert rc == 0, (report, err[-3000:])
+    r = report["hosts"][host]
+    assert r["result"] == "upgraded" and r["perf"] == "off (--no-perf-gate)", r
+    assert r["perf_before"] is None and r["perf_after"] is None
+    current = agree(th, host)
+    assert "--threads 1" in current["unit_text"]
+    # Its last figures, from the gate it failed above, stay with the release.
+    assert current["perf"]["verdict"].startswith("performance gate failed")
+    # status --wide shows both releases' figures; bench --compare finds it slower than the
+    # previous release (the baseline measured before the failed attempt).
+    wide = subprocess.run([*CLI, "status", INVENTORY, "--limit", host, "--wide"], cwd=REPO_ROOT,
+                          capture_output=True, text=True)
+    prev = records(th, host)["previous"][0]["perf"]
+    assert f"{prev['decode_tok_s']:.1f} tok/s, TTFT {prev['ttft_s']:.3f} s" in wide.stdout, \
+        wide.stdout + wide.stderr
+    out = subprocess.run([*CLI, "bench", INVENTORY, "--limit", host, "--compare", "--json"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    (node,) = json.loads(out.stdout)
+    assert out.returncode == 1 and node["ok"] and node["slower"], node
+    assert node["previous"] == prev and node["now"]["workload"] == workload()
+    assert any("FAILED" in line for line in node["lines"]), node
+
+
 def test_a_failing_upgrade_rolls_back_the_first_host_and_leaves_the_others(llama_fleet, th):
-    rc, _, err = rollout("--batch", "1", limit=LLAMAS)  # back to b9785, the data's release
+    rc, _, err = rollout("--batch", "1", NO_GATE, limit=LLAMAS)  # back to b9785 (the data's)
     assert rc == 0, err[-3000:]
     untouched = {h: (th(h).file(UNIT).content_string, records(th, h)) for h in LLAMAS[1:]}
     rc, report, err = rollout("--batch", "1", *newer(), "--data", "llamacpp_gguf_overrides=false",
@@ -147,7 +237,7 @@ def test_a_failing_upgrade_rolls_back_the_first_host_and_leaves_the_others(llama
 ])
 def test_an_interrupted_rollout_is_finished_by_a_rerun(llama_fleet, th, point, after, delay):
     host = LLAMAS[0]
-    rc, _, err = rollout(limit=[host])  # from b9785, the data's release
+    rc, _, err = rollout(NO_GATE, limit=[host])  # from b9785, the data's release
     assert rc == 0, err[-3000:]
     cmd = [*CLI, "rollout", INVENTORY, Q4, "--limit", host, *newer()]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -182,7 +272,7 @@ def test_an_interrupted_rollout_is_finished_by_a_rerun(llama_fleet, th, point, a
 
 def test_rollback_by_hand_then_converge_returns_to_the_data(llama_fleet, th):
     host = LLAMAS[0]
-    rc, _, err = rollout(*newer(), limit=[host])
+    rc, _, err = rollout(NO_GATE, *newer(), limit=[host])
     assert rc == 0, err[-3000:]
     out = subprocess.run([*CLI, "rollback", INVENTORY, "--limit", host, "--json"],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
@@ -218,6 +308,9 @@ def test_vllm_0_24_to_0_26_upgrades_then_rolls_back_when_0_26_fails(vllm_026, th
     rc, report, err = rollout("--data", "vllm_version=0.26.0", deploy=BF16, limit=[host])
     assert rc == 0, (report, err[-3000:])
     assert report["hosts"][host]["result"] == "upgraded"
+    # The stand-in's speed means nothing: no performance gate for these hosts (testbed data).
+    assert report["hosts"][host]["perf"] == "off (perf_gate = false in this host's data)"
+    assert report["hosts"][host]["perf_before"] is None
     current = agree(th, host, unit)
     assert current["version"] == "0.26.0" and current["prefix"].endswith("/vllm-0.26.0")
     journal = th(host).check_output("journalctl -u servefleet-vllm -o cat --no-pager -n 400")

@@ -136,3 +136,88 @@ def test_bench_compare_report():
             Comparison("rtx4090-5", False, "connection refused")]
     out = render_compare(rows)
     assert "slower" in out and "connection refused" in out and "40.0" in out and "20.0" in out
+
+
+class FakeHost:
+    def __init__(self, name, **data):
+        self.name = name
+        self.data = type("D", (), {"dict": lambda _self: {**load_group("all"), **data}})()
+
+
+class FakeSession:
+    def __init__(self, hosts):
+        self.targets = hosts
+
+    def each(self, func, hosts=None):
+        out = {}
+        for h in hosts if hosts is not None else self.targets:
+            try:
+                out[h.name] = func(h)
+            except Exception as exc:  # as the real session: per host
+                out[h.name] = exc
+        return out
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """A PerfGate whose measurements come from a script: {host: [figures or error, ...]}."""
+    from servefleet.verbs import perfgate
+
+    script, kept, said = {}, [], []
+    monkeypatch.setattr(perfgate, "measure", lambda host, kind, rid: (
+        lambda f: replace(f, kind=kind, rollout=rid) if isinstance(f, perf.Figures) else f)(
+        script[host.name].pop(0)))
+    monkeypatch.setattr(perfgate, "keep", lambda host, f: kept.append((host.name, f)) or True)
+    g = perfgate.PerfGate("r1", True, said.append)
+    return g, script, kept, said
+
+
+def test_the_gate_fails_a_slower_host_and_passes_an_equal_one(gate):
+    g, script, kept, _ = gate
+    a, b = FakeHost("a"), FakeHost("b")
+    script.update(a=[fig(40.0, 0.2, seconds=2.0), fig(20.0, 0.2, seconds=2.5)],
+                  b=[fig(40.0, 0.2, seconds=2.0), fig(39.5, 0.2, seconds=2.0)])
+    sess = FakeSession([a, b])
+    g.baseline(sess, ["a", "b"])
+    assert [k for _, k in ((n, f.kind) for n, f in kept)] == ["baseline", "baseline"]
+    out = g.check(sess, ["a", "b"])
+    assert out["a"][0] is False and "decode 40.0 -> 20.0 tok/s (-50.0 %, limit -10 %) FAILED" \
+        in out["a"][1]
+    assert out["b"][0] is True and out["b"][1].startswith("performance gate passed")
+    assert kept[-1][1].verdict or kept[-2][1].verdict  # the gate's figures carry the verdict
+    assert g.seconds == {"a": 4.5, "b": 4.0}
+
+
+def test_a_borderline_result_is_measured_once_more_and_that_counts(gate):
+    g, script, _, said = gate
+    a = FakeHost("a")
+    script["a"] = [fig(40.0, 0.2), fig(35.0, 0.2), fig(39.0, 0.2)]  # -12.5 %: borderline
+    sess = FakeSession([a])
+    g.baseline(sess, ["a"])
+    ok, text, after = g.check(sess, ["a"])["a"]
+    assert ok and after.decode_tok_s == 39.0 and not script["a"]
+    assert any("borderline" in line for line in said)
+    script["a"] = [fig(35.5, 0.2), fig(34.0, 0.2)]  # borderline, then still beyond: fails
+    ok, text, after = g.check(sess, ["a"])["a"]
+    assert not ok and after.decode_tok_s == 34.0
+
+
+def test_the_gate_is_off_by_flag_by_data_or_without_a_baseline(gate, monkeypatch):
+    from servefleet.verbs import perfgate
+
+    g, script, kept, _ = gate
+    hosts = [FakeHost("off", perf_gate=False), FakeHost("broken")]
+    script["broken"] = ["the bench failed: HTTP 401"]
+    g.baseline(FakeSession(hosts), ["off", "broken"])
+    assert g.off == {"off": perfgate.OFF_BY_DATA,
+                     "broken": "off (no baseline: the bench failed: HTTP 401)"}
+    assert not g.baselines and not kept
+    flagless = perfgate.PerfGate("r2", False, lambda line: None)
+    flagless.baseline(FakeSession([FakeHost("x")]), ["x"])
+    assert flagless.off == {"x": perfgate.OFF_BY_FLAG}
+    # A rerun of an interrupted rollout compares with the baseline its marker kept.
+    again = perfgate.PerfGate("r3", True, lambda line: None)
+    again.resume("a", fig(40.0, 0.2, kind="baseline").to_json())
+    script["a"] = []  # no new baseline is measured
+    again.baseline(FakeSession([FakeHost("a")]), ["a"])
+    assert again.baselines["a"].decode_tok_s == 40.0
