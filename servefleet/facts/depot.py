@@ -9,17 +9,6 @@ from pyinfra.api import FactBase
 from servefleet.core.models import SHA_RE
 
 
-class SshHostKey(FactBase):
-    """The host's ed25519 SSH host key line (`ssh-ed25519 AAAA...`)."""
-
-    def command(self):
-        return "cat /etc/ssh/ssh_host_ed25519_key.pub"
-
-    def process(self, output):
-        parts = " ".join(output).split()
-        return " ".join(parts[:2]) if len(parts) >= 2 and parts[0].startswith("ssh-") else None
-
-
 class DepotRef(FactBase):
     """The commit sha the depot holds verified at a ref file, or None."""
 
