@@ -57,6 +57,59 @@ def parse_path_stat(lines: list[str]) -> dict | None:
     return {"type": kind, "user": user, "group": group, "mode": mode}
 
 
+# One line per existing component of a path (the path, then each directory above it up to /),
+# not following symlinks: W for the path as written, R for the path it resolves to.
+PATH_CHAIN_FORMAT = "%F|%u|%U|%a|%n"
+
+
+def parse_path_chain(lines: list[str]) -> dict | None:
+    """``{"W": [...], "R": [...]}`` of {type, uid, user, mode, path} from ``stat -c
+    'W|%F|%u|%U|%a|%n'`` lines (servefleet.facts.node.PathChain); None when a line does not
+    parse or a chain does not reach / (the read failed: nothing is known)."""
+    chains: dict = {"W": [], "R": []}
+    for line in lines:
+        fields = line.split("|", 5)  # the path last: it may hold a |
+        if len(fields) != 6 or fields[0] not in chains or not fields[2].isdigit():
+            return None
+        which, kind, uid, user, mode, path = fields
+        try:
+            int(mode, 8)
+        except ValueError:
+            return None
+        chains[which].append({"type": kind, "uid": int(uid), "user": user, "mode": mode,
+                              "path": path})
+    if any(not chain or chain[-1]["path"] != "/" for chain in chains.values()):
+        return None
+    return chains
+
+
+def others_may_write(entry: dict) -> bool:
+    """Is `entry` (parse_path_chain) anyone's but root's to change? Its owner is not uid 0, or
+    its group or others may write it: a sticky world-writable directory (/tmp) counts, as
+    anyone may create a name there that root then follows. A symlink's own owner and mode mean
+    nothing (its target is in the resolved chain, its directory in this one)."""
+    if entry["type"] == "symbolic link":
+        return False
+    return entry["uid"] != 0 or bool(int(entry["mode"], 8) & 0o022)
+
+
+def root_only_problem(key: str, path: str, chains: dict | None) -> str | None:
+    """Why root must not install from, run or compile with `path` (data key `key`): the first
+    component of it, or of what it resolves to, that another user can change; None when only
+    root can. A path that does not exist yet is judged by the directories above it (root
+    makes it)."""
+    if chains is None:
+        return f"{key} = {path}: cannot read the owner and mode of it and the directories above it"
+    for entry in chains["W"] + chains["R"]:
+        if others_may_write(entry):
+            what = "it" if entry["path"] == path else entry["path"]
+            return (f"{key} = {path}: {what} is owned by {entry['user']} (uid {entry['uid']}), "
+                    f"mode {entry['mode'].zfill(4)} ({entry['type']}); root installs from or "
+                    f"runs what is there, so it and every directory above it must be root's and "
+                    f"writable by root only")
+    return None
+
+
 def parse_meminfo(lines: list[str]) -> dict:
     values = {}
     for line in lines:

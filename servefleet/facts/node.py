@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from servefleet.core.node import (NVIDIA_SMI_QUERY, parse_account, parse_installed_debs,
-                                  parse_meminfo, parse_nvidia_smi, parse_os_release,
-                                  parse_path_stat)
+from servefleet.core.node import (NVIDIA_SMI_QUERY, PATH_CHAIN_FORMAT, parse_account,
+                                  parse_installed_debs, parse_meminfo, parse_nvidia_smi,
+                                  parse_os_release, parse_path_chain, parse_path_stat)
 
 
 class OsRelease(FactBase):
@@ -125,3 +125,22 @@ class PathStat(FactBase):
 
     def process(self, output):
         return parse_path_stat(output)
+
+
+class PathChain(FactBase):
+    """Owner and mode of a path and of every directory above it up to /, not following
+    symlinks, then the same for the path it resolves to (``readlink -m``): whoever may change
+    any of them may change what is there. ``{"W": [...], "R": [...]}``, each component as
+    ``{"type", "uid", "user", "mode", "path"}``, missing ones left out; None when unread
+    (servefleet.core.node.parse_path_chain)."""
+
+    def command(self, path: str):
+        # The chain by parameter expansion (no dirname per level), one stat for all of it.
+        return StringCommand(
+            StringCommand("w=", QuoteString(path), _separator=""),
+            '; for t in W R; do [ "$t" = R ] && w=$(readlink -m -- "$w"); p=$w; set --; '
+            'while :; do set -- "$@" "$p"; q=${p%/*}; q=${q:-/}; [ "$q" = "$p" ] && break; '
+            f'p=$q; done; stat -c "$t|{PATH_CHAIN_FORMAT}" -- "$@" 2>/dev/null; done; true')
+
+    def process(self, output):
+        return parse_path_chain(output)

@@ -13,15 +13,15 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File, Sha256File
 
 from servefleet.core import contract
-from servefleet.core.data import HostData, Layer, validate
+from servefleet.core.data import HostData, Layer, root_reads, validate
 from servefleet.core.layout import NodeLayout
 from servefleet.core.node import per_family
 from servefleet.core.python_env import source_args
 from servefleet.facts import batch
 from servefleet.facts.node import (Account, CpuArch, FreeDiskBytes, InstalledDebs, NvidiaGpus,
-                                   OsRelease, PathStat)
+                                   OsRelease, PathChain, PathStat)
 from servefleet.facts.vllm import DistVersions
-from servefleet.operations import node, pyenv
+from servefleet.operations import node, pyenv, root_paths
 
 # The tools venv's packages (dist-info names): uv makes the serving venvs; hf fetches models;
 # gguf reads GGUF headers for the lint.
@@ -93,7 +93,15 @@ def plan_base() -> None:
         *[(PathStat, {"path": p}) for p in (*lay.tree, lay.cache_dir, lay.models_dir)],
         (PathStat, {"path": f"{lay.tools_venv}/pyvenv.cfg"}),
         (DistVersions, {"venv": lay.tools_venv, "names": tuple(TOOLS)}),
+        *[(PathChain, {"path": path}) for path in root_read_paths().values()],
     ])
+
+
+def root_read_paths() -> dict[str, str]:
+    """{data key: path} of what root installs from, runs or compiles with (core.data.
+    root_reads): the caches, local wheel directories and interpreters data names. Every
+    family's interpreter: one absent on this node is judged by the directories above it."""
+    return dict(root_reads(data()))
 
 
 @deploy("Node base")
@@ -108,6 +116,11 @@ def node_base():
 @deploy("Preflight")
 def preflight():
     node.preflight(name="Check CPU, GPU/driver and free disk", data=data())
+    # Before anything runs, installs or builds: every recipe starts here (deploys/base.py too).
+    paths = root_read_paths()
+    if paths:
+        root_paths.root_only(name="Check that only root can change the caches, wheel directories "
+                                  "and interpreters root uses", paths=paths)
 
 
 @deploy("OS packages")
