@@ -162,6 +162,55 @@ def settle(url, unit, seconds, sleep=time.sleep, now=time.monotonic):
     return None
 
 
+MAX_ANSWER_BYTES = 1 << 20  # a 16-token answer is a few hundred bytes
+MAX_JSON_DEPTH = 64
+
+
+def _constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_answer(resp, deadline, now=time.monotonic):
+    """The engine's answer: at most MAX_ANSWER_BYTES, all of it before the deadline (an endless
+    or dripping answer from a hostile engine fails the check instead of holding it)."""
+    chunks, size = [], 0
+    while True:
+        if now() > deadline:
+            raise ValueError("the answer did not end in time")
+        chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise ValueError(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
+        chunks.append(chunk)
+
+
+def parse_answer(data):
+    """Strict, bounded JSON: no NaN/Infinity, at most MAX_JSON_DEPTH levels (checked before
+    parsing: deep nesting would end the parser in a RecursionError)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                raise ValueError(f"the answer nests deeper than {MAX_JSON_DEPTH} levels")
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return json.loads(data, parse_constant=_constant)
+
+
 def chat(url, model, key, timeout=300):
     body = json.dumps({"model": model, "max_tokens": 16, "temperature": 0,
                        "messages": [{"role": "user", "content": "Say hello in one word."}]})
@@ -171,14 +220,16 @@ def chat(url, model, key, timeout=300):
         req.add_header("Authorization", f"Bearer {key}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            answer = json.loads(resp.read())
+            answer = parse_answer(read_answer(resp, time.monotonic() + timeout))
     except urllib.error.HTTPError as exc:
-        return None, f"chat completion: HTTP {exc.code} {exc.read()[:300]!r}"
+        return None, f"chat completion: HTTP {exc.code} {exc.read(300)!r}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return None, f"chat completion: {exc}"
     try:
         message = answer["choices"][0]["message"]
         text = message.get("content") or message.get("reasoning_content") or ""
+        if not isinstance(text, str):
+            raise TypeError(type(text).__name__)
     except (KeyError, IndexError, TypeError, AttributeError):
         return None, f"chat completion: unexpected answer {json.dumps(answer)[:300]}"
     return text, None

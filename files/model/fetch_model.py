@@ -24,8 +24,14 @@ Steps (each run, from a state that may be empty, partial, corrupt or from anothe
   5. verify: size and sha256 of every file (the hub's LFS oid; git blob sha1 for small files);
      a mismatching file is deleted, named, and the run fails: the next run fetches it again
   6. write DEST/.servefleet/verified.json: repo_id, revision, sha, include, files {path: size},
-     sha256 {path: hex}. Its presence means "complete and verified"; it is also the manifest a
-     depot serves to the nodes that copy from it.
+     sha256 {path: hex}: the manifest a depot serves to the nodes that copy from it. The same
+     record goes to descriptor 3 when the request names it ("record_fd"): root opened it on a
+     file in its own state/, and that copy, out of the engine's reach, is what says "complete
+     and verified".
+
+The directory is the engine's to write too, so nothing here follows a symlink: links found in
+it are removed (the link, never its target), and every open and delete goes component by
+component with O_NOFOLLOW, refusing a link planted meanwhile.
 """
 
 from __future__ import annotations
@@ -34,10 +40,11 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 import shlex
+import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -97,38 +104,108 @@ def disk_problem(expected: dict[str, int], present: dict[str, int], free: int, m
             f"= {(need + margin) / 1e9:.2f} GB needed, {free / 1e9:.2f} GB free")
 
 
-def git_blob_sha1_file(path: Path, size: int) -> str:
-    digest = hashlib.sha1(b"blob %d\0" % size)
-    with open(path, "rb") as f:
+# -- no symlink followed ------------------------------------------------------------------------
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_dir(dest: Path, parts: list[str]) -> int:
+    """A descriptor of dest/parts..., each component opened without following a symlink
+    (OSError ELOOP/ENOTDIR when one is a link or not a directory)."""
+    fd = os.open(dest, _DIR_FLAGS)
+    try:
+        for part in parts:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_file(dest: Path, rel: str) -> int | None:
+    """A read descriptor of the regular file dest/rel, or None when it is not one (missing, a
+    link, a FIFO, a device): nothing on the way is followed, nothing blocks."""
+    *parts, name = rel.split("/")
+    try:
+        dfd = open_dir(dest, parts)
+    except OSError:
+        return None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def unlink_inside(dest: Path, rel: str) -> None:
+    """Delete dest/rel itself (a link is removed, never its target). A symlink in place of a
+    directory on the way is refused: the delete would land outside dest."""
+    *parts, name = rel.split("/")
+    try:
+        dfd = open_dir(dest, parts)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise Failure(f"{dest}/{rel}: a directory on the way is a symlink or not a directory "
+                      f"({exc.strerror}); refused, nothing outside {dest} is touched") from None
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        raise Failure(f"{dest}/{rel} is a directory where a file belongs; refused") from None
+    finally:
+        os.close(dfd)
+
+
+def remove_links(dest: Path) -> None:
+    """Remove every symlink in dest (servefleet's and hf's folders included): a model directory
+    holds none (hf --local-dir and rsync -a from a verified copy write regular files), and a
+    planted one would lead reads, deletes or the record out of it."""
+    for dirpath, dirnames, filenames in os.walk(dest):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                log(f"removing the symlink {p.relative_to(dest)} (a model directory holds none)")
+                unlink_inside(dest, str(p.relative_to(dest)))
+
+
+def _digest(fd: int, digest) -> str:
+    """Hash what fd reads to its end; closes fd."""
+    with os.fdopen(fd, "rb") as f:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def check_file(path: Path, want: dict) -> tuple[str | None, str | None]:
+def check_file(dest: Path, rel: str, want: dict) -> tuple[str | None, str | None]:
     """(problem or None, sha256 or None) of one file against {size, sha256?, oid?}."""
-    if not path.is_file():
-        return "missing", None
-    size = path.stat().st_size
+    fd = open_file(dest, rel)
+    if fd is None:
+        return "missing or not a regular file", None
+    size = os.fstat(fd).st_size
     if size != want["size"]:
+        os.close(fd)
         return f"size {size} != expected {want['size']}", None
-    got = sha256_file(path)
+    got = _digest(os.dup(fd), hashlib.sha256())
     if want.get("sha256"):
+        os.close(fd)
         if got != want["sha256"]:
             return f"sha256 {got} != expected {want['sha256']}", got
     elif want.get("oid"):
-        blob = git_blob_sha1_file(path, size)
+        os.lseek(fd, 0, os.SEEK_SET)
+        blob = _digest(fd, hashlib.sha1(b"blob %d\0" % size))
         if blob != want["oid"]:
             return f"git blob sha1 {blob} != expected {want['oid']}", got
     else:
+        os.close(fd)
         return "no checksum to verify against", got
     return None, got
 
@@ -137,37 +214,40 @@ def check_file(path: Path, want: dict) -> tuple[str | None, str | None]:
 
 
 def present_files(dest: Path) -> dict[str, int]:
-    """path -> size of the model's files in dest (servefleet's and hf's own folders excluded)."""
+    """path -> size of every entry but a directory in dest (servefleet's and hf's own folders
+    excluded): a link, FIFO or device is listed too (size -1, never right), so that it is
+    removed as not expected."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(dest):
         rel_dir = os.path.relpath(dirpath, dest)
         dirnames[:] = [d for d in dirnames if d != PARTIAL_DIR
                        and not (rel_dir == "." and d in (RECORD_DIR, ".cache"))]
-        for name in filenames:
-            p = Path(dirpath) / name
+        for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
+            st = os.lstat(Path(dirpath) / name)
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            if p.is_file() and not p.is_symlink():
-                out[rel] = p.stat().st_size
+            out[rel] = st.st_size if stat.S_ISREG(st.st_mode) else -1
     return out
 
 
 def forget(dest: Path, rel: str) -> None:
     """Delete a file and what hf remembers about it, so the next fetch gets it again."""
-    for p in (dest / rel, dest / HF_META_DIR / "download" / f"{rel}.metadata"):
-        try:
-            p.unlink()
-        except FileNotFoundError:
-            pass
+    unlink_inside(dest, rel)
+    unlink_inside(dest, f"{HF_META_DIR}/download/{rel}.metadata")
 
 
-def write_json_atomic(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+def write_json_atomic(dest: Path, rel: str, doc: dict) -> None:
+    """dest/rel, replaced whole, written through a directory descriptor (no link followed)."""
+    *parts, name = rel.split("/")
+    dfd = open_dir(dest, parts)
+    tmp = f".tmp-{os.getpid()}-{name}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def free_bytes(path: Path) -> int:
@@ -223,28 +303,67 @@ def _rsync(depot: dict, remote: str, local: Path, list_file: Path | None = None,
             f"{stats.get('Matched data', 0)} bytes reused from files already here")
 
 
+MAX_MANIFEST_BYTES = 64 << 20  # a depot's record: far above a real one (a few KiB per file)
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def manifest_files(doc, req: dict) -> dict[str, dict]:
+    """{path: {size, sha256}} of the depot's record doc for the request; Failure (one line) for
+    a record of another repo or sha, or one that is not the shape the fetcher writes."""
+    want = f"{req['repo_id']}@{req['sha']}"
+    if not isinstance(doc, dict):
+        raise Failure(f"the depot's manifest for {want} is not a JSON object")
+    if doc.get("repo_id") != req["repo_id"] or doc.get("sha") != req["sha"]:
+        raise Failure(f"the depot's manifest is for {str(doc.get('repo_id'))[:100]}@"
+                      f"{str(doc.get('sha'))[:40]}, expected {want}")
+    files, sums = doc.get("files"), doc.get("sha256")
+    if not isinstance(files, dict) or not isinstance(sums, dict):
+        raise Failure(f"the depot's manifest for {want} has no files/sha256 objects")
+    out = {}
+    for path, size in files.items():
+        digest = sums.get(path)
+        if type(size) is not int or not 0 <= size < 1 << 50:
+            raise Failure(f"the depot's manifest for {want}: size of {path[:100]!r} is "
+                          f"{str(size)[:40]!r}, expected a byte count")
+        if not isinstance(digest, str) or not HEX64.fullmatch(digest):
+            raise Failure(f"the depot's manifest for {want}: sha256 of {path[:100]!r} is "
+                          f"{str(digest)[:80]!r}, expected 64 hex digits")
+        if matches(path, req["include"]):
+            out[path] = {"size": size, "sha256": digest}
+    return out
+
+
 def depot_manifest(req: dict, dest: Path) -> dict[str, dict]:
     """The depot's verified record of this repo@sha: the files and sha256s nodes verify against."""
     depot = req["depot"]
-    local = dest / RECORD_DIR / "depot-manifest.json"
+    rel = f"{RECORD_DIR}/depot-manifest.json"
+    unlink_inside(dest, rel)
     try:
-        local.unlink()
-    except FileNotFoundError:
-        pass
-    try:
-        _rsync(depot, f"{depot['path']}/{RECORD}", local)
+        _rsync(depot, f"{depot['path']}/{RECORD}", dest / rel)
     except Failure as exc:
         raise Failure(f"depot {depot['host']} has no verified copy of {req['repo_id']}@{req['sha']} "
                       f"(add it to depot_models and run deploys/depot.py): {exc}") from None
-    doc = json.loads(local.read_text())
-    if doc.get("repo_id") != req["repo_id"] or doc.get("sha") != req["sha"]:
-        raise Failure(f"depot manifest is for {doc.get('repo_id')}@{doc.get('sha')}, "
-                      f"expected {req['repo_id']}@{req['sha']}")
-    files = {p: {"size": s, "sha256": doc["sha256"][p]} for p, s in doc["files"].items()
-             if matches(p, req["include"])}
+    fd = open_file(dest, rel)
+    if fd is None:
+        raise Failure(f"the depot's manifest for {req['repo_id']}@{req['sha']} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise Failure(f"the depot's manifest for {req['repo_id']}@{req['sha']} is larger than "
+                      f"{MAX_MANIFEST_BYTES} bytes")
+    try:
+        doc = json.loads(data.decode("utf-8"), parse_constant=_constant)
+    except (ValueError, RecursionError) as exc:
+        raise Failure(f"the depot's manifest for {req['repo_id']}@{req['sha']} is not valid JSON "
+                      f"({str(exc)[:200]})") from None
+    files = manifest_files(doc, req)
     if not files:
         raise Failure(f"no file of the depot's {req['repo_id']}@{req['sha']} matches "
-                      f"include {req['include']} (the depot has {sorted(doc['files'])})")
+                      f"include {req['include']} (the depot has {sorted(doc['files'])[:20]})")
     return files
 
 
@@ -276,7 +395,10 @@ def fetch_hub(req: dict, dest: Path) -> None:
 def fetch_depot(req: dict, dest: Path, files: dict[str, dict]) -> None:
     depot = req["depot"]
     list_file = dest / RECORD_DIR / "depot-files.txt"
-    list_file.write_text("".join(f"{p}\n" for p in sorted(files)))
+    unlink_inside(dest, f"{RECORD_DIR}/depot-files.txt")
+    fd = os.open(list_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{p}\n" for p in sorted(files)))
     log(f"rsync {req['repo_id']}@{req['sha'][:12]} from depot {depot['host']} ({len(files)} files)")
     _rsync(depot, f"{depot['path']}/", dest, list_file=list_file, partial=True)
 
@@ -286,13 +408,18 @@ def fetch_depot(req: dict, dest: Path, files: dict[str, dict]) -> None:
 
 def run(req: dict) -> dict:
     dest = bounded_dest(req["dest"], req["root"])
-    (dest / RECORD_DIR).mkdir(parents=True, exist_ok=True)
+    dest.mkdir(parents=True, exist_ok=True)
     bounded_dest(req["dest"], req["root"])  # again, now that it exists (no symlink swapped in)
-    record = dest / RECORD
+    if dest.is_symlink():
+        raise Failure(f"the model directory {dest} is a symlink; refused, nothing was fetched")
+    remove_links(dest)
     try:
-        record.unlink()  # from here until verified, the model is not ready
-    except FileNotFoundError:
+        os.mkdir(RECORD_DIR, dir_fd=(dfd := open_dir(dest, [])))
+    except FileExistsError:
         pass
+    finally:
+        os.close(dfd)
+    unlink_inside(dest, RECORD)  # from here until verified, the model is not ready
 
     if req["source"] == "depot":
         expected = depot_manifest(req, dest)
@@ -329,7 +456,7 @@ def run(req: dict) -> dict:
 
     bad, sha256 = [], {}
     for rel in sorted(expected):
-        problem, digest = check_file(dest / rel, expected[rel])
+        problem, digest = check_file(dest, rel, expected[rel])
         if problem:
             bad.append(f"{rel}: {problem}")
             forget(dest, rel)
@@ -349,7 +476,11 @@ def run(req: dict) -> dict:
         "sha256": sha256,
         "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    write_json_atomic(record, doc)
+    write_json_atomic(dest, RECORD, doc)
+    if req.get("record_fd") is not None:  # root's copy: the one that says "verified"
+        with os.fdopen(int(req["record_fd"]), "w") as out:
+            json.dump(doc, out, indent=1, sort_keys=True)
+            out.write("\n")
     total = sum(sizes.values())
     log(f"verified {len(sizes)} files ({total / 1e6:.1f} MB) of {req['repo_id']}@{req['sha'][:12]} "
         f"in {dest} (fetch {fetched:.1f} s)")

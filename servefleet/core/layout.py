@@ -16,7 +16,8 @@ paths; nothing else spells a node path. Scripts under files/ get their paths as 
                                     (passed to the fetcher as a file, never in argv)
         etc/depot-key|known-hosts   fleet key and the depot's host key (nodes of a depot)
         state/                      root's records: releases.json, running.json, rollout.json,
-                                    fetch requests
+                                    fetch requests, verified/ (which model directories are
+                                    complete and verified: out of the engine's reach)
         cache/                      the service user's: HOME, HF home, engine caches (writable)
         depot/                      the depot's store (depot_store; follows a moved root)
     {models_root}/<org>--<name>/<sha>/   one model commit (the service user's; writable)
@@ -195,6 +196,16 @@ class NodeLayout:
         """The fetch request for a model directory (named after it, inside state/requests)."""
         slug = dest.strip("/").replace("/", "_") or "root"
         return posixpath.join(self.requests_dir, f"{slug}.json")
+
+    @property
+    def verified_dir(self) -> str:
+        return self._p("state", "verified")
+
+    def model_record(self, dest: str) -> str:
+        """Root's record that the model directory dest is complete and verified (named after
+        it, like its fetch request). Not inside dest: the engine can write there."""
+        slug = dest.strip("/").replace("/", "_") or "root"
+        return posixpath.join(self.verified_dir, f"{slug}.json")
 
     @property
     def page_cache_record(self) -> str:

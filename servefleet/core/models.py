@@ -218,11 +218,15 @@ def operator_token(data, host_name: str) -> str | None:
 
 
 def parse_verified(lines: list[str]) -> dict | None:
-    """The record a verified download left, if every recorded file is on disk at its size."""
+    """The record a verified download left, if every recorded file is on disk at its size and
+    nothing else is there (an unlisted file next to a verified model is drift: a planted
+    `*.safetensors` or `*.py` would be loaded with it)."""
     record, on_disk = split_record(lines)
     if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
         return None
     if any(on_disk.get(p) != s for p, s in record["files"].items()):
+        return None
+    if set(on_disk) - set(record["files"]):
         return None
     return record
 
@@ -253,12 +257,16 @@ def satisfies(record: dict | None, repo_id: str, sha: str, include: list[str]) -
 def invalid_record_reason(record: dict | None, on_disk: dict[str, int]) -> str:
     """Why there is no valid record: none, or files missing / resized."""
     if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
-        return f"no {RECORD}"
+        return "no record that the model was verified"
     missing = sorted(p for p in record["files"] if p not in on_disk)
     resized = sorted(p for p, s in record["files"].items() if p in on_disk and on_disk[p] != s)
+    unlisted = sorted(set(on_disk) - set(record["files"]))
     parts = []
     if missing:
         parts.append("missing: " + ", ".join(missing))
     if resized:
         parts.append("size changed: " + ", ".join(resized))
+    if unlisted:
+        parts.append("not part of the model: " + ", ".join(unlisted[:10])
+                     + (f" (+{len(unlisted) - 10} more)" if len(unlisted) > 10 else ""))
     return "; ".join(parts) or "record unreadable"

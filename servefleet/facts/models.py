@@ -1,4 +1,11 @@
-"""Facts of models on a node: the record a verified download left (servefleet.core.models)."""
+"""Facts of models on a node: the record a verified download left (servefleet.core.models), and
+the files of a model directory as its owner reads them.
+
+A model directory is the engine's to write (the models root is in its ReadWritePaths), so root
+never reads it with root's power: listings and reads run as the service user (`runuser`), follow
+no symlink, and are bounded. The "verified" record that says a directory is complete lives in
+root's state/ (NodeLayout.model_record), where the engine cannot forge it.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +13,45 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from servefleet.core.models import RECORD, SIZES_MARKER, parse_verified, split_record
+from servefleet.core.layout import NodeLayout
+from servefleet.core.models import SIZES_MARKER, parse_verified, split_record
+
+FILE_MARKER = "#servefleet-file"
+READ_TIMEOUT_S = 20  # a FIFO or a slow device swapped in cannot hold the run longer
+
+
+def record_args(data, dest: str) -> dict:
+    """The keyword arguments of VerifiedModel / ModelRecordFiles for a model in dest: plan and
+    read with the same ones (servefleet.facts.batch keys facts by them)."""
+    lay = NodeLayout.of(data)
+    return {"path": dest, "record": lay.model_record(dest), "user": lay.user}
+
+
+def _as_user(user: str, script: str, *args: str) -> str:
+    """`script` run by sh as user when the account exists (on a bare node it does not yet, and
+    nothing of it exists either)."""
+    u = shlex.quote(user)
+    return (f"if id -u {u} >/dev/null 2>&1; then runuser -u {u} -- timeout {READ_TIMEOUT_S} "
+            f"sh -c {shlex.quote(script)} sh {' '.join(shlex.quote(a) for a in args)}; fi")
+
+
+# Lists every entry that is not a directory (a planted symlink or FIFO counts as an unlisted
+# file), skipping servefleet's and hf's own folders and rsync's partial files.
+_LIST = ("cd \"$1\" 2>/dev/null || exit 0; find . \\( -path ./.servefleet -o -path ./.cache "
+         "-o -name .rsync-partial \\) -prune -o ! -type d -printf '%s %P\\n'")
 
 
 class _ModelRecordBase(FactBase):
-    def command(self, path):
-        q = shlex.quote(path)
-        return (f"if [ -f {q}/{RECORD} ]; then cat {q}/{RECORD}; echo; echo '{SIZES_MARKER}'; "
-                f"cd {q} && find . -path ./.servefleet -prune -o -path ./.cache -prune "
-                "-o -type f -printf '%s %P\\n'; fi")
+    def command(self, path, record, user):
+        return (f"if [ -f {shlex.quote(record)} ]; then cat {shlex.quote(record)}; echo; "
+                f"echo '{SIZES_MARKER}'; {_as_user(user, _LIST, path)}; fi")
 
 
 class VerifiedModel(_ModelRecordBase):
-    """The record a verified download left in path (repo_id, revision, sha, include, files
-    {path: size}, sha256 {path: hex}, source, verified_at), or None: no record, or a recorded
-    file is now missing or of another size (truncated)."""
+    """The record a verified download left for path in root's state (repo_id, revision, sha,
+    include, files {path: size}, sha256 {path: hex}, source, verified_at), or None: no record,
+    a recorded file is now missing or of another size (truncated), or the directory holds a
+    file the record does not list."""
 
     def process(self, output):
         return parse_verified(output)
@@ -35,3 +66,40 @@ class ModelRecordFiles(_ModelRecordBase):
 
     def process(self, output):
         return split_record(output)
+
+
+# A regular file, read without following a symlink (dd's O_NOFOLLOW) or blocking on a FIFO
+# (O_NONBLOCK), one byte past the bound so that a larger file is told apart.
+_READ = (f"f=\"$1\"; if [ -L \"$f\" ]; then echo '{FILE_MARKER} symlink'; "
+         f"elif [ ! -e \"$f\" ]; then :; "
+         f"elif [ ! -f \"$f\" ]; then echo '{FILE_MARKER} not-regular'; "
+         f"else echo '{FILE_MARKER} ok'; dd if=\"$f\" iflag=nofollow,nonblock,count_bytes "
+         f"count=\"$2\" status=none; fi")
+
+
+class ModelFile(FactBase):
+    """A file of a model directory, read as its owner: None when absent, else (problem, text):
+    problem is None or why it was not read (a symlink, not a regular file, larger than
+    max_bytes)."""
+
+    def command(self, path, user, max_bytes):
+        return _as_user(user, _READ, path, str(int(max_bytes) + 1))
+
+    def process(self, output):
+        if not output or not output[0].startswith(FILE_MARKER):
+            return None
+        status = output[0][len(FILE_MARKER):].strip()
+        if status != "ok":
+            return (f"{status.replace('-', ' ')}: refused", None)
+        text = "\n".join(output[1:])
+        return None, text
+
+
+def file_problem(result, max_bytes: int) -> tuple[str | None, str | None]:
+    """(problem, text) of a ModelFile result read with max_bytes (None: the file is absent)."""
+    if result is None:
+        return None, None
+    problem, text = result
+    if problem is None and len(text.encode()) > max_bytes:
+        return f"larger than {max_bytes} bytes: refused", None
+    return problem, text

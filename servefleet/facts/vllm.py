@@ -10,6 +10,8 @@ Each fact answers one question by looking at the venv's files, never by importin
 
 from __future__ import annotations
 
+import shlex
+
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
@@ -126,14 +128,16 @@ class TorchCuda(FactBase):
 
 
 class SafetensorsBytes(FactBase):
-    """Sum of the sizes of ``*.safetensors`` in ``path`` (symlinks followed), 0 for none."""
+    """Sum of the sizes of the regular ``*.safetensors`` files in ``path``, 0 for none. Listed
+    as ``user`` (the directory's owner: the engine can write it) and no symlink followed."""
 
     default = int  # no output: 0
 
-    def command(self, path: str) -> StringCommand:
+    def command(self, path: str, user: str) -> StringCommand:
+        u = shlex.quote(user)
         return StringCommand(
-            "find -L", QuoteString(path), "-maxdepth 1 -name '*.safetensors' -type f",
-            "-printf '%s\\n' 2>/dev/null; true",
+            f"if id -u {u} >/dev/null 2>&1; then runuser -u {u} -- find", QuoteString(path),
+            "-maxdepth 1 -name '*.safetensors' -type f -printf '%s\\n' 2>/dev/null; fi; true",
         )
 
     def process(self, output: list[str]) -> int:

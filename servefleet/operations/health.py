@@ -20,7 +20,7 @@ def argv(script: str, python: str, url: str, model: str, unit: str,
          key_file: str | None = None, timeout_s: int = 600, settle_s: int = 0,
          expect_stopped: bool = False, kv_config: str | None = None,
          kv_data: dict | None = None, engine_version: str | None = None,
-         read_config: bool = True) -> list[str]:
+         read_config: bool = True, kv_user: str = "servefleet") -> list[str]:
     """The health script's command line for this host (read_config: read config.json now)."""
     args = [python, "-I", script, "--url", url, "--model", model, "--unit", unit,
             "--timeout", str(int(timeout_s)), "--settle", str(int(settle_s))]
@@ -33,7 +33,7 @@ def argv(script: str, python: str, url: str, model: str, unit: str,
             args += ["--kv-not-compared",
                      f"plan-kv is not checked against vLLM {engine_version} on a GPU"]
         else:
-            config = read_json_on_node(kv_config) if read_config else None
+            config = read_json_on_node(kv_config, kv_user) if read_config else None
             expected = kv_expectation(config, kv_data) if isinstance(config, dict) else None
             if expected:
                 args += ["--expect-tokens", str(expected[0]), "--expect-concurrency",
@@ -47,7 +47,8 @@ def argv(script: str, python: str, url: str, model: str, unit: str,
 def check(script: str, python: str, url: str, model: str, unit: str,
           key_file: str | None = None, timeout_s: int = 600, settle_s: int = 0,
           expect_stopped: bool = False, kv_config: str | None = None,
-          kv_data: dict | None = None, engine_version: str | None = None):
+          kv_data: dict | None = None, engine_version: str | None = None,
+          kv_user: str = "servefleet"):
     """
     Wait for /health, compare the KV log lines (vLLM), run one chat completion, settle.
 
@@ -63,6 +64,8 @@ def check(script: str, python: str, url: str, model: str, unit: str,
     + kv_config: vLLM only: the checkpoint's config.json on the node (plan-kv's input)
     + kv_data: vLLM only: max_model_len, kv_cache_memory_bytes, kv_block_alignment
     + engine_version: vLLM only: KV lines are compared only for versions checked on a GPU
+    + kv_user: vLLM only: the service user, as whom config.json is read (the engine can write
+      the models root); releases recorded before it was kept use the default user
 
     Always runs a command when called: guard it with ``_if=``.
 
@@ -76,4 +79,5 @@ def check(script: str, python: str, url: str, model: str, unit: str,
     """
     yield " ".join(shlex.quote(a) for a in argv(
         script, python, url, model, unit, key_file, timeout_s, settle_s, expect_stopped,
-        kv_config, kv_data, engine_version, read_config=host.state.is_executing))
+        kv_config, kv_data, engine_version, read_config=host.state.is_executing,
+        kv_user=kv_user))

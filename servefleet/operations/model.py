@@ -7,9 +7,11 @@ python; this operation decides whether it must run and writes its request.
 from __future__ import annotations
 
 import json
+import posixpath
+import shlex
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import operation
 
 from servefleet.core.models import SHA_RE, HubError, hub_commit, operator_token, satisfies
 from servefleet.facts import batch
@@ -21,7 +23,8 @@ from servefleet.operations.node import fail_host, upload
 
 @operation()
 def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: str,
-          request_file: str, fetcher: str, python: str, user: str, margin_bytes: int, root: str,
+          request_file: str, record_file: str, fetcher: str, python: str, user: str,
+          margin_bytes: int, root: str,
           hf: str | None = None, hf_home: str | None = None, token_file: str | None = None,
           depot_host: str | None = None, depot_key: str | None = None,
           depot_known_hosts: str | None = None, bwlimit_kib: int | None = None):
@@ -34,6 +37,8 @@ def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: st
     + dest: the model directory (must exist, owned by the service user)
     + source: ``hub`` (hf_endpoint) or ``depot`` (rsync from depot_host's verified copy)
     + request_file, fetcher, python: the request written for, the script and the interpreter
+    + record_file: root's record that dest is complete and verified (NodeLayout.model_record),
+      written from what the fetcher reports on a descriptor root opened: never inside dest
     + user: the service user the fetcher runs as
     + margin_bytes: free disk required beyond the download
     + root: the directory dest must be inside (the models root, the depot store): the fetcher
@@ -41,14 +46,15 @@ def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: st
     + hf, hf_home, token_file: hub source: the hf CLI, its home, the token file on the node
     + depot_host, depot_key, depot_known_hosts, bwlimit_kib: depot source
 
-    "Already there" is read from ``{dest}/.servefleet/verified.json`` (the VerifiedModel fact):
-    same repo, commit sha and include patterns, every file at its recorded size. Otherwise the
-    node-side script checks free disk (fails before fetching a byte), fetches, verifies sha256
-    and writes that record; a corrupt file fails this host, named, and is fetched again next run.
+    "Already there" is read from record_file (the VerifiedModel fact): same repo, commit sha and
+    include patterns, every file at its recorded size and no other file in dest. Otherwise the
+    node-side script checks free disk (fails before fetching a byte), removes what is not part
+    of the model, fetches, verifies sha256 and reports the record; a corrupt file fails this
+    host, named, and is fetched again next run.
 
     **Example:** servefleet.recipes.models.ensure_model fills every argument from data.
     """
-    record = batch.get(host, VerifiedModel, path=dest)
+    record = batch.get(host, VerifiedModel, path=dest, record=record_file, user=user)
     pinned = bool(SHA_RE.fullmatch(revision))
     if record and pinned and satisfies(record, repo_id, revision, include):
         host.noop(f"{repo_id}@{revision[:12]} is verified in {dest}")
@@ -56,7 +62,7 @@ def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: st
 
     request = {"source": source, "repo_id": repo_id, "revision": revision,
                "include": list(include), "dest": dest, "root": root,
-               "margin_bytes": margin_bytes}
+               "margin_bytes": margin_bytes, "record_fd": 3}
     if source == "depot":
         where = locate(depot_host)
         sha = revision if pinned else ref_on_depot(where, repo_id, revision)
@@ -91,7 +97,18 @@ def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: st
 
     yield from upload._inner(dest=request_file, content=json.dumps(request, indent=1,
                                                                    sort_keys=True), mode="644")
-    yield StringCommand("runuser", "-u", user, "--", python, "-I", fetcher, request_file)
+    yield fetch_command(user, python, fetcher, request_file, record_file)
+
+
+def fetch_command(user: str, python: str, fetcher: str, request_file: str,
+                  record_file: str) -> str:
+    """Drop the record (not ready until verified), run the fetcher as user with descriptor 3 on
+    a root-owned file in state/, and make that the record only when the fetcher succeeded."""
+    q = shlex.quote
+    tmp = f"{record_file}.tmp"
+    return (f"rm -f {q(record_file)} {q(tmp)} && install -d -m 755 {q(posixpath.dirname(record_file))}"
+            f" && (umask 022 && runuser -u {q(user)} -- {q(python)} -I {q(fetcher)} {q(request_file)}"
+            f" 3>{q(tmp)}) && mv -f {q(tmp)} {q(record_file)} || {{ rm -f {q(tmp)}; exit 1; }}")
 
 
 @operation()
@@ -116,8 +133,10 @@ def depot_copy(repo_id: str, revision: str, include: list[str], dest_of, ref_fil
     args = dict(fetch_args)
     request_of = args.pop("request_of")
     dest = dest_of(commit.sha)
+    record_of = args.pop("record_of")
     yield from fetch._inner(repo_id=repo_id, revision=revision, include=include, dest=dest,
-                            source="hub", request_file=request_of(dest), **args)
+                            source="hub", request_file=request_of(dest),
+                            record_file=record_of(dest), **args)
     if batch.get(host, DepotRef, ref_file=ref_file) != commit.sha:
         # After the fetch command: a failed verification stops the host before the ref moves.
         yield from upload._inner(dest=ref_file, content=commit.sha + "\n", mode="644")

@@ -16,13 +16,14 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import operation
-from pyinfra.facts.files import FileContents
 
-from servefleet.core.lint.checkpoint import (INDEX_FILE, MISSING_SHARDS, check_recipe,
-                                             lint_checkpoint)
+from servefleet.core.lint.checkpoint import (INDEX_FILE, MAX_INDEX_BYTES, MISSING_SHARDS,
+                                             check_recipe, lint_checkpoint)
+from servefleet.core.lint.safe_files import MAX_CONFIG_BYTES, CheckpointError, parse_json_object
 from servefleet.core.node import usable_memory
 from servefleet.core.vllm import memory_verdict
 from servefleet.facts import batch
+from servefleet.facts.models import ModelFile, file_problem
 from servefleet.facts.node import MemoryBytes, NvidiaGpus
 from servefleet.facts.vllm import SafetensorsBytes
 from servefleet.operations.node import fail_host
@@ -32,12 +33,37 @@ def _executing() -> bool:
     return bool(host.state and host.state.is_executing)
 
 
-def read_json_on_node(path: str):
-    """A JSON file on the node: its value, None when missing; raises ValueError when not JSON."""
-    lines = batch.get(host, FileContents, path=path)
-    if lines is None:
+def model_file_reads(path: str, user: str) -> list:
+    """The reads of the checkpoint's JSON files (servefleet.facts.batch plans them)."""
+    return [(ModelFile, _file_args(f"{path}/{name}", user)) for name in ("config.json", INDEX_FILE)]
+
+
+def _file_args(path: str, user: str) -> dict:
+    bound = MAX_INDEX_BYTES if path.endswith(INDEX_FILE) else MAX_CONFIG_BYTES
+    return {"path": path, "user": user, "max_bytes": bound}
+
+
+def file_on_node(path: str, user: str):
+    """A checkpoint file's text, read as user, the service user (the engine can write the
+    models root: no symlink followed, regular files only, bounded); None when absent.
+    ValueError (one line) when it cannot be read."""
+    args = _file_args(path, user)
+    problem, text = file_problem(batch.get(host, ModelFile, **args), args["max_bytes"])
+    if problem:
+        raise ValueError(f"{path}: {problem}")
+    return text
+
+
+def read_json_on_node(path: str, user: str):
+    """A JSON object file on the node: its value, None when missing; raises ValueError (one
+    line) when it is not strict JSON (no NaN, duplicate keys or deep nesting) or unreadable."""
+    text = file_on_node(path, user)
+    if text is None:
         return None
-    return json.loads("\n".join(lines))
+    try:
+        return parse_json_object(text.encode(), path)
+    except CheckpointError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _not_yet(path: str, what: str) -> bool:
@@ -48,15 +74,15 @@ def _not_yet(path: str, what: str) -> bool:
     return True
 
 
-def lint_on_node(path: str):
+def lint_on_node(path: str, user: str):
     """CheckpointLint of the checkpoint at `path` on this host, from its two JSON files.
 
     Returns (lint, None) or (None, problem). The lint itself is servefleet.lint.checkpoint's,
     run locally on copies of config.json and the index (the shards stay on the node).
     """
     try:
-        config = read_json_on_node(f"{path}/config.json")
-        index = read_json_on_node(f"{path}/{INDEX_FILE}")
+        config = read_json_on_node(f"{path}/config.json", user)
+        index = read_json_on_node(f"{path}/{INDEX_FILE}", user)
     except ValueError as exc:
         return None, f"{path}: config.json or {INDEX_FILE} is not valid JSON ({exc})"
     if config is None:
@@ -74,12 +100,13 @@ def lint_on_node(path: str):
 
 
 @operation()
-def checkpoint_lint(path: str, language_model_only: bool):
+def checkpoint_lint(path: str, language_model_only: bool, user: str):
     """
     Fail this host if the recipe would not load the checkpoint at ``path`` on the node.
 
     + path: the checkpoint directory on the node (config.json, model.safetensors.index.json)
     + language_model_only: whether the recipe serves with vLLM ``--language-model-only``
+    + user: the service user, who owns the models root: the files are read as this user
 
     The tensor names come from the safetensors index, not from config.json: e.g. an
     architecture that builds a vision tower (``*ForConditionalGeneration`` with a
@@ -90,11 +117,15 @@ def checkpoint_lint(path: str, language_model_only: bool):
     .. code:: python
 
         vllm_serve.checkpoint_lint(path="/opt/servefleet/models/Qwen/Qwen-AgentWorld-35B-A3B",
-                                   language_model_only=True)
+                                   language_model_only=True, user="servefleet")
     """
-    if batch.get(host, FileContents, path=f"{path}/config.json") is None and _not_yet(path, "lint"):
+    try:
+        absent = file_on_node(f"{path}/config.json", user) is None
+    except ValueError:
+        absent = False  # lint_on_node names the problem
+    if absent and _not_yet(path, "lint"):
         return
-    lint, problem = lint_on_node(path)
+    lint, problem = lint_on_node(path, user)
     if problem:
         yield fail_host(problem)
         return
@@ -111,7 +142,7 @@ def checkpoint_lint(path: str, language_model_only: bool):
 
 
 @operation()
-def memory_preflight(path: str, data: dict):
+def memory_preflight(path: str, data: dict, user: str):
     """
     Fail this host, with the numbers, when vLLM would refuse its KV pool or the memory budget
     (weights + pool + overhead) exceeds what the host may use.
@@ -119,6 +150,7 @@ def memory_preflight(path: str, data: dict):
     + path: the checkpoint directory on the node (config.json, *.safetensors)
     + data: recipe data: max_model_len, kv_cache_memory_bytes (None: vLLM auto-sizes),
       kv_block_alignment, memory_overhead_bytes, usable_memory_bytes (None: from the host)
+    + user: the service user, who owns the models root: the files are read as this user
 
     The arithmetic is servefleet.kvplan's (vLLM 0.24.0's own); usable memory is
     servefleet.preflight.usable_memory (data, else the GPU's memory, else system memory).
@@ -128,19 +160,19 @@ def memory_preflight(path: str, data: dict):
     .. code:: python
 
         vllm_serve.memory_preflight(path="/opt/servefleet/models/Qwen/Qwen-AgentWorld-35B-A3B",
-                                    data=host.data.dict())
+                                    data=host.data.dict(), user="servefleet")
     """
     try:
-        config = read_json_on_node(f"{path}/config.json")
+        config = read_json_on_node(f"{path}/config.json", user)
     except ValueError as exc:
-        yield fail_host(f"{path}/config.json on {host.name} is not valid JSON ({exc})")
+        yield fail_host(f"cannot use {path}/config.json on {host.name}: {exc}")
         return
     if config is None:
         if _not_yet(path, "memory preflight"):
             return
         yield fail_host(f"no {path}/config.json on {host.name}: nothing to plan the KV cache with")
         return
-    weights = batch.get(host, SafetensorsBytes, path=path)
+    weights = batch.get(host, SafetensorsBytes, path=path, user=user)
     usable = usable_memory(data, batch.get(host, MemoryBytes), batch.get(host, NvidiaGpus))
     try:
         verdict = memory_verdict(config, weights, usable, data)
@@ -155,14 +187,16 @@ def memory_preflight(path: str, data: dict):
 
 
 @operation()
-def evict_page_cache(path: str, script: str, python: str = "python3", record: str | None = None,
-                     drop_caches: bool = False):
+def evict_page_cache(path: str, script: str, user: str, python: str = "python3",
+                     record: str | None = None, drop_caches: bool = False):
     """
     Evict the files under ``path`` from the page cache, file by file
     (``posix_fadvise(POSIX_FADV_DONTNEED)``), and report the bytes evicted.
 
-    + path: directory tree to evict (symlinks followed, e.g. into a hub cache's blobs)
+    + path: directory tree to evict (regular files; no symlink followed)
     + script: files/pagecache/evict.py, already on the node
+    + user: the tree's owner (the service user): the walk runs as this user, never as root,
+      since the engine can write the tree
     + python: interpreter that runs it
     + record: JSON file on the node that keeps the last report
     + drop_caches: also ``echo 1 > /proc/sys/vm/drop_caches`` (every clean page of the host;
@@ -176,9 +210,9 @@ def evict_page_cache(path: str, script: str, python: str = "python3", record: st
 
         vllm_serve.evict_page_cache(path="/opt/servefleet/models/Qwen/Qwen-AgentWorld-35B-A3B",
                                     script="/opt/servefleet/bin/servefleet-evict-page-cache",
-                                    _if=model.changed)
+                                    user="servefleet", _if=model.changed)
     """
-    argv = [python, script, path]
+    argv = [python, "-I", script, path, "--user", user]
     if record:
         argv += ["--record", record]
     if drop_caches:

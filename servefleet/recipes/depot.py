@@ -51,7 +51,8 @@ def serve():
         return
     lay = base.layout()
     model_tools("hub")
-    args = {**fetch_args(lay, "hub"), "root": lay.depot_dir, "request_of": lay.fetch_request}
+    args = {**fetch_args(lay, "hub"), "root": lay.depot_dir, "request_of": lay.fetch_request,
+            "record_of": lay.model_record}
     for m in models:
         model_ops.depot_copy(
             name=f"Depot copy of {m['repo_id']}@{m['revision']}", repo_id=m["repo_id"],

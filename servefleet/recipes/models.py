@@ -23,7 +23,7 @@ from pyinfra.facts.files import File
 from servefleet.core.fleetkey import fleet_key
 from servefleet.core.layout import NodeLayout
 from servefleet.core.models import SHA_RE, HubError, hub_commit, operator_token
-from servefleet.facts.models import VerifiedModel
+from servefleet.facts.models import VerifiedModel, record_args
 from servefleet.facts.vllm import DistVersions
 from servefleet.operations import depot as depot_ops
 from servefleet.operations import model as model_ops
@@ -74,7 +74,7 @@ def model_reads(dest: str) -> list:
     verified record."""
     lay = base.layout()
     reads = [*base.upload_reads(lay.bin("servefleet-fetch-model")),
-             (VerifiedModel, {"path": dest})]
+             (VerifiedModel, record_args(host.data, dest))]
     reads.append((File, {"path": lay.hf_token_file}))
     if host.data.model_source == "hub":
         reads += [(DistVersions, {"venv": lay.tools_venv, "names": tuple(base.MODEL_TOOLS)}),
@@ -151,5 +151,6 @@ def ensure_model(repo_id: str, revision: str, include: list[str]) -> ModelRun:
     fetch = model_ops.fetch(
         name=f"{repo_id}@{revision}: fetch and verify ({source})",
         repo_id=repo_id, revision=revision, include=list(include), dest=dest, source=source,
-        request_file=lay.fetch_request(dest), **fetch_args(lay, source))
+        request_file=lay.fetch_request(dest), record_file=lay.model_record(dest),
+        **fetch_args(lay, source))
     return ModelRun(fetch=fetch, path=dest)

@@ -9,7 +9,7 @@ from servefleet.core.data import serving_digest
 from servefleet.core.layout import UNIT_DIR, NodeLayout
 from servefleet.core.releases import Release
 from servefleet.facts import batch
-from servefleet.facts.models import VerifiedModel
+from servefleet.facts.models import VerifiedModel, record_args
 from servefleet.operations import release as release_ops
 from servefleet.recipes import base
 from servefleet.core.systemd import render_unit
@@ -22,7 +22,7 @@ def build(engine: str, version: str, prefix: str, unit: str, template: str, cont
     data = base.data()
 
     def release() -> Release:
-        record = batch.get(host, VerifiedModel, path=model_dir) or {}
+        record = batch.get(host, VerifiedModel, **record_args(host.data, model_dir)) or {}
         return Release(engine=engine, version=version, prefix=prefix, unit=unit,
                        unit_text=render_unit(template, context), model_repo=data["model_repo"],
                        model_revision=data["model_revision"], model_sha=record.get("sha"),

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.files import File, FileContents, Sha1File
+from pyinfra.facts.files import File, Sha1File
 
 from servefleet.core import vllm as logic
 from servefleet.core.layout import api_url
 from servefleet.core.python_env import source_args
-from servefleet.core.lint.checkpoint import INDEX_FILE
 from servefleet.core.secrets import read_secret
 from servefleet.facts.models import VerifiedModel
 from servefleet.facts.node import MemoryBytes, PathStat
@@ -56,9 +55,8 @@ def plan_reads() -> None:
         (VllmVersion, {"venv": venv}),
         (VllmModelFile, {"venv": venv, "filename": vllm_patch.MODEL_FILE}),
         *model_reads(model),
-        (FileContents, {"path": f"{model}/config.json"}),
-        (FileContents, {"path": f"{model}/{INDEX_FILE}"}),
-        (SafetensorsBytes, {"path": model}), (MemoryBytes, {}),
+        *vllm_checks.model_file_reads(model, data["servefleet_user"]),
+        (SafetensorsBytes, {"path": model, "user": data["servefleet_user"]}), (MemoryBytes, {}),
         *base.upload_reads(lay.bin("servefleet-evict-page-cache"), lay.bin("servefleet-health"),
                            lay.unit_path(logic.UNIT)),
         *[(File, {"path": p}) for p in (lay.api_key_file, lay.vllm_env_file)],
@@ -115,7 +113,8 @@ def model() -> ModelRun:
     run = ensure_model(repo_id=data["model_repo"], revision=data["model_revision"],
                        include=list(data["model_include"]))
     vllm_checks.checkpoint_lint(name="Lint the checkpoint against the recipe", path=run.path,
-                                language_model_only=data["language_model_only"])
+                                language_model_only=data["language_model_only"],
+                                user=data["servefleet_user"])
     return run
 
 
@@ -130,7 +129,8 @@ def page_cache(run: ModelRun, depends_on: list):
     deps = [run, *depends_on]
     return vllm_checks.evict_page_cache(
         name=f"Evict {run.path} from the page cache (policy {data['page_cache_policy']})",
-        path=run.path, script=script, python=base.python(), record=lay.page_cache_record,
+        path=run.path, script=script, user=data["servefleet_user"], python=base.python(),
+        record=lay.page_cache_record,
         drop_caches=data["page_cache_drop_global"],
         _if=lambda: applies and any(d.did_change() for d in deps),
     )
@@ -138,7 +138,9 @@ def page_cache(run: ModelRun, depends_on: list):
 
 @deploy("Memory preflight")
 def memory_preflight(run: ModelRun):
-    vllm_checks.memory_preflight(name="plan-kv and memory budget", path=run.path, data=base.data())
+    data = base.data()
+    vllm_checks.memory_preflight(name="plan-kv and memory budget", path=run.path, data=data,
+                                 user=data["servefleet_user"])
 
 
 def api_key() -> object:
@@ -200,4 +202,4 @@ def gate_args(model_path: str) -> dict:
             "kv_config": f"{model_path}/config.json",
             "kv_data": {k: data[k] for k in ("max_model_len", "kv_cache_memory_bytes",
                                              "kv_block_alignment")},
-            "engine_version": data["vllm_version"]}
+            "engine_version": data["vllm_version"], "kv_user": data["servefleet_user"]}

@@ -23,7 +23,7 @@ from servefleet.core.layout import NodeLayout
 from servefleet.core.models import SHA_RE, HubError, hub_commit, invalid_record_reason, operator_token
 from servefleet.facts import batch
 from servefleet.facts.llamacpp import LlamaBuilds
-from servefleet.facts.models import ModelRecordFiles, VerifiedModel
+from servefleet.facts.models import ModelRecordFiles, VerifiedModel, record_args
 from servefleet.facts.releases import NodeReleases, RunningRelease
 from servefleet.facts.systemd import UnitState
 from servefleet.facts.vllm import DistVersions, TorchCuda, VllmModelFile
@@ -93,8 +93,9 @@ def unit_item(host, unit: str, template: str, context: dict) -> di.Item:
 
 def model_item(host, data, include: list[str], dest: str) -> di.Item:
     repo, revision = data["model_repo"], data["model_revision"]
-    record = batch.get(host, VerifiedModel, path=dest)
-    why = "" if record else invalid_record_reason(*batch.get(host, ModelRecordFiles, path=dest))
+    args = record_args(data, dest)
+    record = batch.get(host, VerifiedModel, **args)
+    why = "" if record else invalid_record_reason(*batch.get(host, ModelRecordFiles, **args))
     resolved = None
     if not SHA_RE.fullmatch(revision) and data.get("model_source", "hub") == "hub":
         try:  # the same call as the fetch operation's: answered from its cache, no request

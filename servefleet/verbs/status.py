@@ -10,7 +10,7 @@ from servefleet.core import llamacpp as llama_logic
 from servefleet.core import vllm as vllm_logic
 from servefleet.core.layout import NodeLayout, api_url
 from servefleet.facts.llamacpp import LlamaBuilds
-from servefleet.facts.models import VerifiedModel
+from servefleet.facts.models import VerifiedModel, record_args
 from servefleet.facts.node import GpuMemoryUsed, MemoryBytes
 from servefleet.facts.releases import NodeReleases
 from servefleet.facts.systemd import UnitState
@@ -85,7 +85,7 @@ def node_status(host) -> NodeStatus:
         current = records.current
         if current:
             # What serves: the current release's model, checked against its verified record.
-            verified = host.get_fact(VerifiedModel, path=current.model_dir)
+            verified = host.get_fact(VerifiedModel, **record_args(data, current.model_dir))
             st.model = current.model_repo if verified else f"{current.model_repo} (not verified)"
             st.revision = f"{current.model_revision} -> {str(current.model_sha)[:12]}"
         st.release = current.short if current else None

@@ -424,7 +424,7 @@ def cmd_render(args) -> int:
 
     # The recipe's health gate (servefleet.recipes.vllm.gate_args -> operations.health.argv).
     # read_json_on_node reads the node's config.json through a pyinfra fact; this is the node.
-    health_ops.read_json_on_node = lambda path: json.loads(Path(path).read_text())
+    health_ops.read_json_on_node = lambda path, user=None: json.loads(Path(path).read_text())
     python = data["python_interpreter"]["ubuntu"]
     lay = NodeLayout.of(data)
     health = health_ops.argv(

@@ -157,7 +157,7 @@ def test_invalid_record_reason_names_the_files():
     files = {"a": 1, "b": 2, "c": 3}
     assert invalid_record_reason({"files": files}, {"a": 1, "c": 4}) == \
         "missing: b; size changed: c"
-    assert invalid_record_reason(None, {}) == "no .servefleet/verified.json"
+    assert invalid_record_reason(None, {}) == "no record that the model was verified"
 
 
 def test_model_record_files_fact_parses_the_raw_read():

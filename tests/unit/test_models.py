@@ -4,6 +4,7 @@
 import hashlib
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -178,8 +179,16 @@ def _fact_output(record, sizes):
 
 
 def test_verified_record_is_returned_when_files_are_intact():
-    out = _fact_output(RECORD, {"config.json": 10, "w/model.safetensors": 2000, "extra": 1})
+    out = _fact_output(RECORD, {"config.json": 10, "w/model.safetensors": 2000})
     assert models.parse_verified(out) == RECORD
+
+
+def test_a_file_the_record_does_not_list_voids_it_and_is_named():
+    # A planted extra shard or *.py next to a verified model would be loaded with it.
+    sizes = {"config.json": 10, "w/model.safetensors": 2000, "evil.py": 5}
+    assert models.parse_verified(_fact_output(RECORD, sizes)) is None
+    record, on_disk = models.split_record(_fact_output(RECORD, sizes))
+    assert models.invalid_record_reason(record, on_disk) == "not part of the model: evil.py"
 
 
 @pytest.mark.parametrize("sizes", [{"config.json": 10}, {"config.json": 10, "w/model.safetensors": 1999}])
@@ -235,6 +244,56 @@ def test_script_fetches_verifies_and_records(store, url, tmp_path):
         assert hashlib.sha256((dest / path).read_bytes()).hexdigest() == digest
     on_disk = json.loads((dest / fm.RECORD).read_text())
     assert on_disk["files"] == doc["files"]
+
+
+@needs_hf_cli
+def test_script_follows_no_symlink_and_reports_root_s_record_on_fd_3(store, url, tmp_path):
+    commit = models.hub_commit(url, REPO, "main")
+    dest, outside = tmp_path / "model", tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "model.safetensors-00001-of-00002.safetensors"
+    victim.write_bytes(b"not the engine's to delete")
+    (outside / "keep.metadata").write_bytes(b"x")
+    dest.mkdir()
+    (dest / "sub").symlink_to(outside)  # a planted directory link
+    (dest / ".servefleet").symlink_to(outside)  # would send the record outside
+    (dest / "passwd.json").symlink_to("/etc/passwd")
+    read, write = os.pipe()
+    req = {**_request(commit, dest, url, include=["*.json", "*.safetensors"], tmp=tmp_path),
+           "record_fd": write}
+    doc = fm.run(req)
+    reported = json.loads(os.read(read, 1 << 20))
+    os.close(read)
+    assert reported == doc and reported["sha"] == store["sha"]
+    assert victim.read_bytes() == b"not the engine's to delete"
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.metadata", victim.name]
+    assert not any(p.is_symlink() for p in dest.rglob("*"))
+    assert (dest / ".servefleet").is_dir() and (dest / fm.RECORD).is_file()
+
+
+def test_a_delete_through_a_directory_link_is_refused(tmp_path):
+    dest, outside = tmp_path / "model", tmp_path / "outside"
+    dest.mkdir(), outside.mkdir()
+    (outside / "f").write_bytes(b"keep")
+    (dest / "d").symlink_to(outside)
+    with pytest.raises(fm.Failure, match="symlink or not a directory.*refused"):
+        fm.unlink_inside(dest, "d/f")
+    assert (outside / "f").read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("doc, text", [
+    ([], "not a JSON object"),
+    ({"repo_id": "x", "sha": "a" * 40}, "expected acme/tiny-model@"),
+    ({"repo_id": REPO, "sha": "a" * 40, "files": []}, "no files/sha256 objects"),
+    ({"repo_id": REPO, "sha": "a" * 40, "files": {"a": "1"}, "sha256": {"a": "0" * 64}},
+     "size of 'a'"),
+    ({"repo_id": REPO, "sha": "a" * 40, "files": {"a": 1}, "sha256": {}}, "sha256 of 'a'"),
+    ({"repo_id": REPO, "sha": "a" * 40, "files": {"a": True}, "sha256": {"a": "0" * 64}},
+     "size of 'a'"),
+])
+def test_a_malformed_depot_manifest_is_one_line(doc, text):
+    with pytest.raises(fm.Failure, match=text):
+        fm.manifest_files(doc, {"repo_id": REPO, "sha": "a" * 40, "include": ["*"]})
 
 
 @needs_hf_cli

@@ -252,8 +252,10 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def test_lint_fails_the_host_whose_recipe_would_not_load(tiny, tmp_path):
-    ok = run_op("checkpoint_lint", tmp_path, f"path={tiny}", "language_model_only=True")
-    bad = run_op("checkpoint_lint", tmp_path, f"path={tiny}", "language_model_only=False")
+    # As root here: on a node, the service user (who owns the models root).
+    ok = run_op("checkpoint_lint", tmp_path, f"path={tiny}", "language_model_only=True", "user=root")
+    bad = run_op("checkpoint_lint", tmp_path, f"path={tiny}", "language_model_only=False",
+                 "user=root")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert bad.returncode == 1
     out = bad.stdout + bad.stderr
@@ -266,8 +268,9 @@ def test_memory_preflight_fails_the_host_with_numbers(tiny, tmp_path, spark):
     data = {k: spark[k] for k in ("max_model_len", "kv_block_alignment", "memory_overhead_bytes")}
     good = {**data, "kv_cache_memory_bytes": 8 * GiB, "usable_memory_bytes": 64 * GiB}
     small = {**good, "kv_cache_memory_bytes": 64 << 20}
-    ok = run_op("memory_preflight", tmp_path, f"path={tiny}", f"data={json.dumps(good)}")
-    bad = run_op("memory_preflight", tmp_path, f"path={tiny}", f"data={json.dumps(small)}")
+    ok = run_op("memory_preflight", tmp_path, f"path={tiny}", f"data={json.dumps(good)}", "user=root")
+    bad = run_op("memory_preflight", tmp_path, f"path={tiny}", f"data={json.dumps(small)}",
+                 "user=root")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert bad.returncode == 1
     # The tiny checkpoint's config: block size 528, 500 blocks of 270,336 bytes per request.
