@@ -22,26 +22,21 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File, Sha1File
 
 from servefleet.core import llamacpp as logic
-from servefleet.core.layout import api_url
 from servefleet.core.lint import gguf_header, gguf_lint
-from servefleet.core.secrets import read_secret
 from servefleet.facts import batch
 from servefleet.facts.llamacpp import GgufLint, LlamaBuilds, Nvcc
 from servefleet.facts.node import FreeDiskBytes, InstalledDebs
 from servefleet.facts.releases import NodeReleases, RunningRelease
 from servefleet.facts.systemd import UnitState
 from servefleet.facts.vllm import DistVersions
-from servefleet.operations import health as health_ops
 from servefleet.operations import llamacpp as ops
 from servefleet.operations import node
-from servefleet.operations import release as release_ops
-from servefleet.recipes import base, release
+from servefleet.recipes import base, release, serving
 from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
 from servefleet.recipes.service import ServiceRun, systemd_service
 
 UNIT_TEMPLATE = "files/llamacpp/servefleet-llama.service.j2"
 PREFLIGHT_SCRIPT = "files/llamacpp/llama-preflight.sh"
-HEALTH_SCRIPT = "files/health/health.py"
 # The lint runs on the node with the tools venv's gguf: servefleet's own module, uploaded.
 LINT_SOURCE = Path(gguf_lint.__file__)
 LINT_HEADER_SOURCE = Path(gguf_header.__file__)  # imported by the lint, from its own directory
@@ -145,23 +140,13 @@ def override_kv(model_dir: str):
     return read
 
 
-def api_key() -> object:
-    """etc/api-key (root 0600): systemd hands it to the service (LoadCredential)."""
-    data, lay = base.data(), base.layout()
-    if data.get("api_key_file"):
-        return node.upload(name=f"API key -> {lay.api_key_file} (0600)", dest=lay.api_key_file,
-                           content=read_secret(data["api_key_file"]) + "\n", mode="600",
-                           secret=True)
-    return node.absent(name="No API key file", path=lay.api_key_file)
-
-
 @deploy("llama.cpp service")
 def service(built: Build, run: ModelRun) -> ServiceRun:
     lay = base.layout()
     node.upload(name="Start preflight script (free VRAM/RAM)",
                 dest=lay.bin("servefleet-llama-preflight"),
                 content=open(PREFLIGHT_SCRIPT, "rb").read(), mode="755")
-    key = api_key()
+    key = serving.api_key()
     data = base.data()
     context = logic.unit_context(data, run.path, override_kv(run.path))
     release_of = release.build(engine=logic.ENGINE, version=data["llamacpp_tag"],
@@ -174,21 +159,10 @@ def service(built: Build, run: ModelRun) -> ServiceRun:
 
 def gate_args() -> dict:
     """The health check's arguments for this host (also a rollout's gate)."""
-    data, lay = base.data(), base.layout()
-    return {"script": lay.bin("servefleet-health"), "python": base.python(),
-            "url": api_url(data), "model": data["served_model_name"], "unit": logic.UNIT,
-            "key_file": lay.api_key_file if data.get("api_key_file") else None,
-            "timeout_s": data["health_timeout_s"], "settle_s": data["health_settle_s"],
-            "expect_stopped": data["service_state"] != "running"}
+    return serving.gate_args(logic.UNIT)
 
 
 @deploy("llama.cpp health")
 def health(svc: ServiceRun):
     """Only when the service was (re)started in this run: /health, one chat, settle."""
-    node.upload(name="Health check script", dest=base.layout().bin("servefleet-health"),
-                content=open(HEALTH_SCRIPT, "rb").read(), mode="755")
-    health_ops.check(name="llama.cpp /health, one chat completion, settle", **gate_args(),
-                     _if=svc.started)
-    release_ops.mark_running(name="The running release",
-                             running_file=base.layout().running_file, release=svc.release_of,
-                             _if=svc.started)
+    serving.health("llama.cpp /health, one chat completion, settle", svc, gate_args())

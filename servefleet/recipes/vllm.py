@@ -21,25 +21,20 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File, Sha1File
 
 from servefleet.core import vllm as logic
-from servefleet.core.layout import api_url
 from servefleet.core.python_env import source_args
-from servefleet.core.secrets import read_secret
 from servefleet.facts.models import VerifiedModel
 from servefleet.facts.node import MemoryBytes, PathStat
 from servefleet.facts.releases import NodeReleases, RunningRelease
 from servefleet.facts.systemd import UnitState
 from servefleet.facts.vllm import DistVersions, SafetensorsBytes, TorchCuda, VllmModelFile, VllmVersion
 from servefleet.facts import batch
-from servefleet.operations import health as health_ops
 from servefleet.operations import node, pyenv, vllm_checks, vllm_patch
-from servefleet.operations import release as release_ops
-from servefleet.recipes import base, release
+from servefleet.recipes import base, release, serving
 from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
-from servefleet.recipes.service import AnyChanged, ServiceRun, systemd_service
+from servefleet.recipes.service import ServiceRun, systemd_service
 
 UNIT_TEMPLATE = "files/vllm/servefleet-vllm.service.j2"
 EVICT_SCRIPT = "files/pagecache/evict.py"
-HEALTH_SCRIPT = "files/health/health.py"
 
 
 def plan_reads() -> None:
@@ -143,26 +138,11 @@ def memory_preflight(run: ModelRun):
                                  user=data["servefleet_user"])
 
 
-def api_key() -> object:
-    """The API key on the node: etc/api-key (plain, both engines) and etc/vllm.env derived from
-    it, root 0600; without api_key_file, neither exists."""
-    data, lay = base.data(), base.layout()
-    if data.get("api_key_file"):
-        key = read_secret(data["api_key_file"])
-        plain = node.upload(name=f"API key -> {lay.api_key_file} (0600)", dest=lay.api_key_file,
-                            content=key + "\n", mode="600", secret=True)
-        env = node.upload(name=f"API key -> {lay.vllm_env_file} (0600)", dest=lay.vllm_env_file,
-                          content=f"VLLM_API_KEY={key}\n", mode="600", secret=True)
-        return AnyChanged([plain, env])
-    return AnyChanged([node.absent(name=f"No API key file {p}", path=p)
-                            for p in (lay.api_key_file, lay.vllm_env_file)])
-
-
 @deploy("vLLM service")
 def service(env: PythonEnv, run: ModelRun, depends_on: list) -> ServiceRun:
     data = base.data()
     executable_check(data)
-    key = api_key()
+    key = serving.api_key(base.layout().vllm_env_file, "VLLM_API_KEY")
     context = logic.unit_context(data, run.path)
     release_of = release.build(engine=logic.ENGINE, version=data["vllm_version"], prefix=env.venv,
                                unit=logic.UNIT, template=UNIT_TEMPLATE, context=context,
@@ -181,25 +161,16 @@ def executable_check(data) -> None:
 @deploy("vLLM health")
 def health(run: ModelRun, svc: ServiceRun):
     """Only when the service was (re)started in this run: /health, KV lines, a chat, settle."""
-    data, lay = base.data(), base.layout()
-    node.upload(name="Health check script", dest=lay.bin("servefleet-health"),
-                content=open(HEALTH_SCRIPT, "rb").read(), mode="755")
-    health_ops.check(
-        name="vLLM /health, KV cache log vs plan-kv, one chat completion, settle",
-        **gate_args(run.path), _if=svc.started)
-    release_ops.mark_running(name="The running release", running_file=lay.running_file,
-                             release=svc.release_of, _if=svc.started)
+    serving.health("vLLM /health, KV cache log vs plan-kv, one chat completion, settle", svc,
+                   gate_args(run.path))
 
 
 def gate_args(model_path: str) -> dict:
-    """The health check's arguments for this host (also a rollout's gate)."""
-    data, lay = base.data(), base.layout()
-    return {"script": lay.bin("servefleet-health"), "python": base.python(),
-            "url": api_url(data), "model": data["served_model_name"], "unit": logic.UNIT,
-            "key_file": lay.api_key_file if data.get("api_key_file") else None,
-            "timeout_s": data["health_timeout_s"], "settle_s": data["health_settle_s"],
-            "expect_stopped": data["service_state"] != "running",
-            "kv_config": f"{model_path}/config.json",
-            "kv_data": {k: data[k] for k in ("max_model_len", "kv_cache_memory_bytes",
-                                             "kv_block_alignment")},
-            "engine_version": data["vllm_version"], "kv_user": data["servefleet_user"]}
+    """The health check's arguments for this host (also a rollout's gate): the shared ones and
+    the KV comparison with plan-kv, read from the checkpoint's config.json as the service user."""
+    data = base.data()
+    return serving.gate_args(
+        logic.UNIT, kv_config=f"{model_path}/config.json",
+        kv_data={k: data[k] for k in ("max_model_len", "kv_cache_memory_bytes",
+                                      "kv_block_alignment")},
+        engine_version=data["vllm_version"], kv_user=data["servefleet_user"])

@@ -26,6 +26,7 @@ from servefleet.core.errors import DataError
 from servefleet.core.layout import NodeLayout
 from servefleet.core.systemd import exec_line
 from servefleet.facts.vllm import DistVersions, SafetensorsBytes, TorchCuda
+from servefleet.recipes import serving
 from servefleet.recipes import vllm as recipe
 from servefleet.recipes.service import render_unit as render_template
 from servefleet_dev.testing.tiny_models import AGENTWORLD_CONFIG, build_tiny_checkpoint
@@ -361,7 +362,7 @@ def test_health_script_end_to_end(fake_vllm, tmp_path):
     log.write_text(VLLM_LOG)
     key = tmp_path / "api-key"
     key.write_text("s3cret\n")  # the plain key file both engines use
-    base = [sys.executable, str(REPO_ROOT / recipe.HEALTH_SCRIPT), "--url", fake_vllm, "--model", "m",
+    base = [sys.executable, str(REPO_ROOT / serving.HEALTH_SCRIPT), "--url", fake_vllm, "--model", "m",
             "--timeout", "5", "--log-file", str(log), "--key-file", str(key)]
 
     ok = subprocess.run([*base, "--expect-tokens", "412980", "--expect-concurrency", "1.58",

@@ -1,0 +1,58 @@
+"""The steps both serving recipes share: the API key on the node, the health gate's arguments
+and the health step that runs it after a (re)start.
+
+A release records its gate (servefleet.recipes.release), so a rollout gates a host, rolled back
+or not, with the check of the release it serves; the arguments are built here once for both
+engines, the engine adds its own (vLLM: the KV comparison).
+"""
+
+from __future__ import annotations
+
+from servefleet.core.layout import api_url
+from servefleet.core.secrets import read_secret
+from servefleet.operations import health as health_ops
+from servefleet.operations import node
+from servefleet.operations import release as release_ops
+from servefleet.recipes import base
+from servefleet.recipes.service import AnyChanged, ServiceRun
+
+HEALTH_SCRIPT = "files/health/health.py"
+
+
+def api_key(env_file: str | None = None, env_var: str | None = None) -> object:
+    """etc/api-key (root 0600; llama.cpp gets it through LoadCredential=), and, for an engine
+    that reads its key from the environment, env_file holding `env_var=KEY` (root 0600, an
+    EnvironmentFile=). Without api_key_file, neither exists."""
+    data, lay = base.data(), base.layout()
+    files = [lay.api_key_file] + ([env_file] if env_file else [])
+    if not data.get("api_key_file"):
+        return AnyChanged([node.absent(name=f"No API key file {p}", path=p) for p in files])
+    key = read_secret(data["api_key_file"])
+    ops = [node.upload(name=f"API key -> {lay.api_key_file} (0600)", dest=lay.api_key_file,
+                       content=key + "\n", mode="600", secret=True)]
+    if env_file:
+        ops.append(node.upload(name=f"API key -> {env_file} (0600)", dest=env_file,
+                               content=f"{env_var}={key}\n", mode="600", secret=True))
+    return AnyChanged(ops)
+
+
+def gate_args(unit: str, **engine) -> dict:
+    """The health check's arguments for this host (also a rollout's gate); `engine`: what one
+    engine adds (servefleet.operations.health.check's other parameters)."""
+    data, lay = base.data(), base.layout()
+    return {"script": lay.bin("servefleet-health"), "python": base.python(),
+            "url": api_url(data), "model": data["served_model_name"], "unit": unit,
+            "key_file": lay.api_key_file if data.get("api_key_file") else None,
+            "timeout_s": data["health_timeout_s"], "settle_s": data["health_settle_s"],
+            "expect_stopped": data["service_state"] != "running", **engine}
+
+
+def health(label: str, svc: ServiceRun, gate: dict) -> None:
+    """Only when the service was (re)started in this run: the gate, then the running release
+    recorded (state/running.json: what a later run compares with what it installs)."""
+    lay = base.layout()
+    node.upload(name="Health check script", dest=lay.bin("servefleet-health"),
+                content=open(HEALTH_SCRIPT, "rb").read(), mode="755")
+    health_ops.check(name=label, **gate, _if=svc.started)
+    release_ops.mark_running(name="The running release", running_file=lay.running_file,
+                             release=svc.release_of, _if=svc.started)
