@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from servefleet.core import checks as c
 from servefleet.core import contract
 from servefleet.core.errors import DataError
+from servefleet.core.fleetkey import depot_key_problem
 from servefleet.core.owned_flags import OWNED, owned_flag_problems
 from servefleet.core.secrets import SecretError, read_secret
 
@@ -112,11 +113,35 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
                 read_secret(data[key])
             except SecretError as exc:
                 problems.append(f"key {key!r} from {host.source_of(key)}: {exc}")
+    key_problem = depot_key_problem(data)  # here, not when the depot or a copy first needs it
+    if key_problem:
+        problems.append(f"key 'depot_ssh_key' from {host.source_of('depot_ssh_key')}: "
+                        f"{key_problem}")
+    problems += account_problems(host, data)
     for key in OWNED:
         if serving:
             problems += owned_flag_problems(key, data.get(key))
     problems += layout_problems(data)
     problems += root_reads_problems(data)
+    return problems
+
+
+def account_problems(host: HostData, data: Mapping) -> list[str]:
+    """The accounts servefleet makes its own (servefleet_user, made nologin; on a depot the
+    depot_user, forced to rrsync) are never the account it logs in as, nor each other."""
+    managed = {"servefleet_user": data.get("servefleet_user")}
+    if "depot" in host.groups:
+        managed["depot_user"] = data.get("depot_user")
+    login = data.get("ssh_user")
+    problems = []
+    for key, account in managed.items():
+        if account and account == login:
+            problems.append(f"key {key!r} = {account!r} from {host.source_of(key)} is the SSH "
+                            f"login user (ssh_user) of {host.name}: servefleet would take that "
+                            f"account over and lock you out; expected an account of its own")
+    if len(managed) == 2 and managed["servefleet_user"] == managed["depot_user"]:
+        problems.append(f"keys 'servefleet_user' and 'depot_user' are both "
+                        f"{managed['depot_user']!r}: expected two separate accounts")
     return problems
 
 

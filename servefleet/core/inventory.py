@@ -25,6 +25,7 @@ from pyinfra_cli.util import parse_cli_arg
 from servefleet.core import groupdata
 from servefleet.core.data import HostData, Layer, recipe_of, validate
 from servefleet.core.errors import DataError, Exit
+from servefleet.core.operator_files import FileRefused, read_regular
 
 ROLES = ("spark", "rtx4090", "depot")
 # pyinfra's own SSH connector keys, as the operator writes them in fleet.yml.
@@ -39,6 +40,9 @@ MAX_FLEET_BYTES = 1 << 20
 # Nodes once aliases (*name) are expanded: bounds a YAML alias bomb (billion laughs), whose
 # expansion would hang any code that walks or prints the value.
 MAX_FLEET_NODES = 100_000
+# Collections inside collections: a fleet file needs 5 (hosts, entry, data, a knob's table, its
+# list); PyYAML composes recursively, so 5,000 nested `[` would end in a RecursionError.
+MAX_FLEET_DEPTH = 32
 _short = reprlib.Repr()
 _short.maxstring = _short.maxother = 60
 _short.maxlevel, _short.maxlist, _short.maxdict = 2, 4, 4
@@ -92,8 +96,26 @@ def run_context() -> RunContext:
 
 # --- fleet.yml ----------------------------------------------------------------------------------
 
+class _Refused(yaml.MarkedYAMLError):
+    """Valid YAML that no fleet file is (a key that is no string, nesting too deep)."""
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """YAML that refuses duplicate keys (a second `role:` silently winning is a typo)."""
+    """YAML that refuses duplicate keys (a second `role:` silently winning is a typo), keys that
+    are not strings, and nesting deeper than MAX_FLEET_DEPTH."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_FLEET_DEPTH:
+                raise _Refused(
+                    None, None, f"nested more than {MAX_FLEET_DEPTH} levels deep",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _no_duplicates(loader, node, deep=False):
@@ -103,6 +125,10 @@ def _no_duplicates(loader, node, deep=False):
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
             continue
+        if key_node.tag != "tag:yaml.org,2002:str":  # every key servefleet reads is a string
+            raise _Refused(
+                None, None, f"a key of type {key_node.tag.rsplit(':', 1)[-1]}: expected a "
+                f"string key", key_node.start_mark)
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
@@ -146,16 +172,14 @@ def _bounded(path: Path, node) -> None:
 
 def _read_yaml(path: Path):
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FLEET_BYTES + 1)
+        raw = read_regular(path, MAX_FLEET_BYTES)  # never a FIFO (hangs) or a device
     except FileNotFoundError:
         raise FleetError(f"{path}: not found (write one entry per node; see README, Add your "
                          f"own nodes)") from None
     except OSError as exc:
         raise FleetError(f"{path}: cannot be read ({exc.strerror})") from None
-    if len(raw) > MAX_FLEET_BYTES:
-        raise FleetError(f"{path}: larger than {MAX_FLEET_BYTES} bytes: a fleet file holds one "
-                         f"short entry per node")
+    except FileRefused as exc:
+        raise FleetError(f"{exc}: a fleet file holds one short entry per node") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -173,7 +197,8 @@ def _read_yaml(path: Path):
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise FleetError(f"{path}: not valid YAML{where}: {problem}") from None
+        what = "refused" if isinstance(exc, _Refused) else "not valid YAML"
+        raise FleetError(f"{path}: {what}{where}: {problem}") from None
     if doc is None:
         raise FleetError(f"{path}: empty; expected a mapping with a 'hosts' list (an empty fleet "
                          f"is written hosts: [])")

@@ -134,6 +134,12 @@ def build_problems(*, cuda: bool, nvcc: dict | None, min_nvcc: str, free_disk: i
 
 # --- the GGUF lint on the node -----------------------------------------------------------------
 
+# What the lint (run as the service user) may hand llama-server's --override-kv: KEY=int:N,
+# N bounded as the lint bounds it (gguf_lint.MAX_BLOCK_INDEX + 1): never a 55-digit count.
+_LINT_ITEM = r"[A-Za-z0-9_.-]{1,128}=int:(0|[1-9][0-9]{0,4})"
+_LINT_FLAG = re.compile(rf"{_LINT_ITEM}(,{_LINT_ITEM}){{0,7}}")
+
+
 @dataclass
 class Lint:
     state: str  # ok | absent (no file) | nolint (no gguf in the tools venv yet) | error
@@ -147,8 +153,7 @@ def parse_lint(lines: list[str]) -> Lint:
     rest = rest.strip()
     if state == "ok":
         flag = rest or None
-        if flag and not re.fullmatch(r"[A-Za-z0-9_.]+=(int|float|bool|str):[A-Za-z0-9_.-]+"
-                                     r"(,[A-Za-z0-9_.]+=(int|float|bool|str):[A-Za-z0-9_.-]+)*", flag):
+        if flag and not _LINT_FLAG.fullmatch(flag):
             return Lint("error", None, f"the lint printed an unexpected flag {flag[:200]!r}")
         return Lint("ok", flag)
     if state in ("absent", "nolint"):

@@ -7,8 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from servefleet.core.operator_files import FileRefused, read_regular
+
 SECRET_RE = re.compile(r"[A-Za-z0-9._~+/=:@-]{8,4096}")
 EXPECTED = "one line of 8 to 4096 characters from A-Z a-z 0-9 . _ ~ + / = : @ -"
+# What is read at most: above any secret, so a long one is still refused by the check below.
+MAX_SECRET_FILE_BYTES = 64 << 10
 
 
 class SecretError(ValueError):
@@ -19,11 +23,13 @@ def read_secret(path: str | Path) -> str:
     """The secret in `path` (operator side); SecretError naming the problem, never the value."""
     p = Path(path).expanduser()
     try:
-        raw = p.read_bytes()
+        raw = read_regular(p, MAX_SECRET_FILE_BYTES)  # never a FIFO (hangs) or /dev/zero
     except FileNotFoundError:
         raise SecretError(f"{p} does not exist") from None
     except OSError as exc:
         raise SecretError(f"{p} cannot be read ({exc.strerror})") from None
+    except FileRefused as exc:
+        raise SecretError(str(exc)) from None
     try:
         text = raw.decode("ascii")
     except UnicodeDecodeError:

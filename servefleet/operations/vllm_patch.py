@@ -23,9 +23,9 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
-from pyinfra.facts.files import Sha256File
 
 from servefleet.facts import batch
+from servefleet.facts.files import RegularFileSha256
 from servefleet.facts.vllm import Several, VllmModelFile, VllmVersion
 from servefleet.operations.node import fail_host, upload
 
@@ -107,10 +107,22 @@ def _node_state(venv: str) -> _NodeState | StringCommand:
     if isinstance(path, Several):
         return _refuse(f"vLLM {version} in {venv}: {path}")
     if path is None:
-        return _refuse(f"vLLM {version} in {venv} has no model file {MODEL_FILE}")
-    # Both digests in one read (the path is known only now).
-    batch.plan(host, [(Sha256File, {"path": path}), (Sha256File, {"path": f"{path}.orig"})])
-    sha256 = batch.get(host, Sha256File, path=path)
+        return _refuse(f"vLLM {version} in {venv} has no model file {MODEL_FILE} (a regular "
+                       f"file)")
+    # Both digests in one read (the path is known only now). Each must be a regular file, read
+    # without following a symlink; a FIFO or a directory is only stat'ed (it would hang a read).
+    orig = f"{path}.orig"
+    batch.plan(host, [(RegularFileSha256, {"path": path}), (RegularFileSha256, {"path": orig})])
+    found = {p: batch.get(host, RegularFileSha256, path=p) for p in (path, orig)}
+    for p, kind in found.items():
+        if kind is None or kind[0] not in ("file", "absent") or (p == path and kind[0] != "file"):
+            what = "cannot be read" if kind is None else \
+                "is gone" if kind[0] == "absent" else f"is a {kind[0]}"
+            fix = "Move it away" if p == orig else f"Reinstall vllm=={version} in that venv"
+            return _refuse(f"vLLM {version} in {venv}: {p} {what}, not a regular file; nothing "
+                           f"was changed (the patch never follows a link nor opens anything "
+                           f"else). {fix}")
+    sha256 = found[path][1]
 
     patch = recorded_patch(version)
     if patch is None:
@@ -125,7 +137,7 @@ def _node_state(venv: str) -> _NodeState | StringCommand:
         version=version,
         path=path,
         sha256=sha256,
-        orig_sha256=batch.get(host, Sha256File, path=f"{path}.orig"),
+        orig_sha256=found[orig][1],
         patch=patch,
     )
 

@@ -229,7 +229,34 @@ def places_that_are_allowed_pass():
         assert attempt(data)() is None, data
 
 
-CASES = OWNED_CASES + PLACE_CASES + ROOT_READ_CASES + VALUE_CASES + [
+DEPOT = load("all", "depot")
+ON_DEPOT = {"base": DEPOT, "groups": ("depot",), "recipe": None}
+
+
+def depot_user_elsewhere_passes():
+    """depot_user is made only on the depot: elsewhere it is the name nodes log in to the depot
+    with, and may be anything, the node's own login user too."""
+    assert attempt({"ssh_user": "ops", "depot_user": "ops"})() is None
+
+
+# The accounts servefleet takes over (servefleet_user: nologin; depot_user on a depot: a forced
+# rrsync command) are never the one it logs in as: the next run could not log in.
+ACCOUNT_CASES = [
+    case("servefleet_user: the SSH login user", {"servefleet_user": "ops", "ssh_user": "ops"},
+         "'servefleet_user' = 'ops' from --data is the SSH login user (ssh_user) of spark-01"),
+    case("servefleet_user: the SSH login user (base)", {"servefleet_user": "ops", "ssh_user": "ops"},
+         "is the SSH login user", recipe="base"),
+    case("ssh_user: the default servefleet_user", {"ssh_user": "servefleet"},
+         "'servefleet_user' = 'servefleet'"),
+    case("depot_user: the depot's SSH login user", {"depot_user": "ops", "ssh_user": "ops"},
+         "'depot_user' = 'ops' from --data is the SSH login user", **ON_DEPOT),
+    case("depot_user: servefleet_user", {"depot_user": "servefleet"},
+         "'servefleet_user' and 'depot_user' are both 'servefleet'", **ON_DEPOT),
+    harmless(CATEGORY, "depot_user: the login user of a host that is no depot", "accepted",
+             depot_user_elsewhere_passes),
+]
+
+CASES = OWNED_CASES + PLACE_CASES + ROOT_READ_CASES + VALUE_CASES + ACCOUNT_CASES + [
     harmless(CATEGORY, "uv_cache_dir, pip_find_links, python_interpreter: root's places",
              "accepted as they are", root_reads_in_roots_places_are_accepted),
     harmless(CATEGORY, "llamacpp_cmake_flags: a CMake list of architectures",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -177,7 +178,7 @@ CASES = [
     case("an entry that is a string", "hosts[0]: expected a mapping, got str", "hosts: [spark-01]\n"),
     case("unknown entry key", "unknown keys ['rol']",
          "hosts:\n  - name: spark-01\n    rol: spark\n"),
-    case("unknown entry keys of mixed types (1 and null)", "unknown keys",
+    case("unknown entry keys of mixed types (1 and null)", "a key of type int: expected a string",
          _entry(**{"1": "x", "~": "y"})),
     case("bad role", "'role' = 'gpu': expected one of spark, rtx4090, depot",
          "hosts:\n  - name: spark-01\n    role: gpu\n"),
@@ -202,7 +203,8 @@ CASES = [
     case("data false", "'data' is bool: expected a mapping", _entry(data="false")),
     case("data setting ssh_user", "'data' sets ['ssh_user']", _entry(data="{ssh_user: root}")),
     case("data setting _sudo", "'data' sets ['_sudo']", _entry(data="{_sudo: true}")),
-    case("data with a non-string key", "'data' key 1 is int: expected a string", _entry(data="{1: x}")),
+    case("data with a non-string key", "refused at line 4: a key of type int: expected a string key",
+         _entry(data="{1: x}")),
     case("tabs for indentation", "not valid YAML at line 2", "hosts:\n\t- name: spark-01\n"),
     case("a !!python/object tag", "could not determine a constructor for the tag "
          "'tag:yaml.org,2002:python/object/apply:os.system'",
@@ -217,6 +219,21 @@ CASES = [
     harmless(CATEGORY, "plain anchors and aliases for shared values",
              "the hosts are identical to the clean file's",
              _harmless_same(ANCHORED)),
+    case("a null key (~) in data", "a key of type null: expected a string key",
+         _entry(data="{~: x}")),
+    case("a boolean key (yes:) in an entry", "a key of type bool", _entry(yes="x")),
+    case("a list as the top-level key", "refused at line 1: a key of type seq",
+         "? [hosts]\n: []\n"),
+    case("a mapping as a key in ssh_paramiko_connect_kwargs", "a key of type map",
+         _entry(ssh_paramiko_connect_kwargs="{? {a: 1} : 2}")),
+    case("5,000 nested [ in data (10 KB)", "nested more than 32 levels deep",
+         _entry(data="{x: " + "[" * 5000 + "}")),
+    refused(CATEGORY, "a FIFO named fleet.yml (would wait for a writer)", "is a FIFO",
+            child_refusal(lambda path: os.mkfifo(path))),
+    harmless(CATEGORY, "quoted and !!str-tagged keys, and nesting 20 levels deep in an x- key",
+             "the hosts are identical to the clean file's",
+             _harmless_same('x-deep: ' + "[" * 20 + "]" * 20 + '\n"hosts":\n'
+                            + CLEAN.split("hosts:\n", 1)[1].replace("    role:", "    !!str role:"))),
 ]
 
 

@@ -20,6 +20,7 @@ import threading
 import traceback
 from pathlib import Path
 
+from servefleet.core.llamacpp import parse_lint
 from tests.hostile.table import harmless, refused
 
 CATEGORY = "GGUF files"
@@ -201,6 +202,74 @@ def _harmless_unicode_digit_block():
     assert odd_lint == clean, (odd_lint, clean)
 
 
+def _split_dir(tmp: Path, second: bytes | None = None) -> Path:
+    """A two-shard GGUF in tmp/model/: shard 1 holds the metadata and block 0, shard 2 block 1
+    (written as `second` when given, else a symlink is expected to be made by the caller)."""
+    model = tmp / "model"
+    model.mkdir()
+    split = (kv("split.count", U16, struct.pack("<H", 2)),)
+    first = gguf_bytes(kvs=BASE_KVS + split, tensors=BLOCKS[:1], data=bytes(32))
+    (model / "m-00001-of-00002.gguf").write_bytes(first)
+    if second is not None:
+        (model / "m-00002-of-00002.gguf").write_bytes(second)
+    return model
+
+
+SHARD_2 = gguf_bytes(kvs=(kv("split.no", U16, struct.pack("<H", 1)),),
+                     tensors=(tensor_info("blk.1.attn_norm.weight", [4]),), data=bytes(32))
+
+
+def _shard_linked_out():
+    with scratch() as tmp:
+        model = _split_dir(tmp)
+        (tmp / "elsewhere.gguf").write_bytes(SHARD_2)
+        (model / "m-00002-of-00002.gguf").symlink_to(tmp / "elsewhere.gguf")
+        return cli_refusal("inspect", model / "m-00001-of-00002.gguf", "--json")
+
+
+def _later_shard_given_first_linked_out():
+    with scratch() as tmp:
+        model = _split_dir(tmp, SHARD_2)
+        (model / "m-00001-of-00002.gguf").rename(tmp / "first.gguf")
+        (model / "m-00001-of-00002.gguf").symlink_to(tmp / "first.gguf")
+        return cli_refusal("inspect", model / "m-00002-of-00002.gguf", "--json")
+
+
+def _shard_linked_to_fifo():
+    with scratch() as tmp:
+        model = _split_dir(tmp)
+        os.mkfifo(model / "pipe")
+        (model / "m-00002-of-00002.gguf").symlink_to("pipe")
+        return cli_refusal("inspect", model / "m-00001-of-00002.gguf", "--json")
+
+
+def _harmless_shard_links_inside():
+    """Links that stay in the model's directory (or go to a hub cache snapshot's blobs/) are
+    followed: the lint is the one of the plain split."""
+    with scratch() as tmp:
+        plain = _split_dir(tmp, SHARD_2)
+        rc, want, err = run_cli("inspect", plain / "m-00001-of-00002.gguf", "--json")
+        assert rc == 0 and json.loads(want)["highest_block"] == 1, err
+        snap = tmp / "models--org--m" / "snapshots" / ("a" * 40)
+        blobs = tmp / "models--org--m" / "blobs"
+        snap.mkdir(parents=True)
+        blobs.mkdir()
+        for i, name in enumerate(("m-00001-of-00002.gguf", "m-00002-of-00002.gguf")):
+            (plain / name).rename(blobs / f"blob{i}")
+            (snap / name).symlink_to(f"../../blobs/blob{i}")
+        rc, out, err = run_cli("inspect", snap / "m-00001-of-00002.gguf", "--json")
+        assert rc == 0 and out == want, (rc, err[-500:])
+
+
+def _lint_flag_bounded():
+    """A lint (run as the service user) printing a count no model has is not passed on to
+    llama-server: the operator side reads it as an error."""
+    assert parse_lint(["ok llama.block_count=int:4"]).flag == "llama.block_count=int:4"
+    for flag in ("llama.block_count=int:" + "1" * 55, "llama.block_count=int:-1",
+                 "llama.block_count=str:x", "llama.block_count=int:007"):
+        assert parse_lint([f"ok {flag}"]).state == "error", flag
+
+
 ARCH = kv_str("general.architecture", "llama")
 COUNT = kv_u32("llama.block_count", 2)
 HUGE = 1 << 62
@@ -273,6 +342,20 @@ CASES = [
          gguf_bytes(kvs=(ARCH, COUNT, kv("split.count", U64, struct.pack("<Q", 1 << 31)))),
          file_name="model-00001-of-00002.gguf"),
     refused(CATEGORY, "a FIFO named model.gguf (would block a plain open)", "not a regular file", _fifo),
+    case("a 55-digit blk.N (the override would pass it on)", "names block '1111",
+         gguf_bytes(tensors=(BLOCKS[0], tensor_info("blk." + "1" * 55 + ".w", [4], offset=32)))),
+    case("blk.65536, past any model", "more than the 65536 blocks any model has",
+         gguf_bytes(tensors=(BLOCKS[0], tensor_info("blk.65536.w", [4], offset=32)))),
+    refused(CATEGORY, "a split shard linked out of the model's directory",
+            "a symlink leading out of the model's directory", _shard_linked_out),
+    refused(CATEGORY, "a later shard given, the first linked out of the directory",
+            "a symlink leading out of the model's directory", _later_shard_given_first_linked_out),
+    refused(CATEGORY, "a split shard linked to a FIFO in the directory", "not a regular file",
+            _shard_linked_to_fifo),
+    harmless(CATEGORY, "split shards linked inside the directory or a hub cache's blobs/",
+             "followed: the lint JSON is the plain split's", _harmless_shard_links_inside),
+    harmless(CATEGORY, "a lint printing a 55-digit block_count", "read as an error, no flag",
+             _lint_flag_bounded),
     harmless(CATEGORY, "a 20k-token vocabulary, unknown keys and an explicit alignment",
              "the lint JSON is identical to the clean file's", _harmless_extra_keys),
     harmless(CATEGORY, "a blk tensor numbered with a non-ASCII digit",

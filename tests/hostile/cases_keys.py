@@ -7,6 +7,10 @@ import os
 import tempfile
 from pathlib import Path
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+from servefleet.core import fleetkey
 from servefleet.core.data import HostData, Layer, validate
 from servefleet.core.errors import DataError
 from servefleet.core.models import operator_token
@@ -76,6 +80,35 @@ def token_env(value: str):
     return run
 
 
+def _key(private, encryption=None) -> bytes:
+    return private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                 encryption or serialization.NoEncryption())
+
+
+def depot_key(name, content: bytes, expected: str):
+    """depot_ssh_key refused when the data is validated (before anything changes), not when the
+    depot or a model copy first reads it."""
+    return case(f"depot_ssh_key: {name}", content, expected, key="depot_ssh_key")
+
+
+def fleet_key_at_deploy_time():
+    """fleet_key() (what the depot and copy steps call) refuses the same file with one
+    DataError line, never a traceback from the key parser."""
+    path = with_file(b"-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n")
+    try:
+        fleetkey.fleet_key({"depot_ssh_key": str(path)}, "node-01")
+    except DataError as exc:
+        assert "is not an OpenSSH private key" in str(exc) and "\n" not in str(exc), str(exc)
+    else:
+        raise AssertionError("a malformed fleet key was accepted")
+
+
+def good_fleet_keys_pass():
+    for private in (ed25519.Ed25519PrivateKey.generate(), ec.generate_private_key(ec.SECP256R1())):
+        assert attempt(_key(private), key="depot_ssh_key", recipe=None)() is None
+
+
+ED25519 = _key(ed25519.Ed25519PrivateKey.generate())
 LLAMA = {"base": RTX, "groups": ("rtx4090",), "recipe": "serve_q4_llamacpp"}
 CASES = [
     case("an empty key file", b"", "is empty"),
@@ -100,6 +133,23 @@ CASES = [
          key="hf_token_file"),
     refused(CATEGORY, "$HF_TOKEN with a newline", "invalid $HF_TOKEN",
             token_env("hf_abcdefgh\nInjected: 1")),
+    depot_key("not a key at all", b"hello\n", "is not an OpenSSH private key"),
+    depot_key("a truncated key", ED25519[:120], "is not an OpenSSH private key"),
+    depot_key("the public half", ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n",
+        "is not an OpenSSH private key"),
+    depot_key("protected by a passphrase", _key(ed25519.Ed25519PrivateKey.generate(),
+                                                serialization.BestAvailableEncryption(b"pw")),
+              "is protected by a passphrase"),
+    depot_key("an RSA key of 1024 bits", _key(rsa.generate_private_key(65537, 1024)),
+              "is an RSA key of 1024 bits"),
+    depot_key("CRLF line ends", ED25519.replace(b"\n", b"\r\n"), "holds control characters"),
+    depot_key("non-ASCII bytes", "clé".encode() * 10, "holds non-ASCII bytes"),
+    case("depot_ssh_key: a missing file", None, "does not exist", key="depot_ssh_key"),
+    harmless(CATEGORY, "depot_ssh_key: a malformed key at deploy time",
+             "fleet_key() raises one DataError line", fleet_key_at_deploy_time),
+    harmless(CATEGORY, "depot_ssh_key: ed25519 and ECDSA keys", "accepted",
+             good_fleet_keys_pass),
     harmless(CATEGORY, "a key with a CRLF ending", "accepted for both engines, without the CR",
              accepted_as(b"sk-abcdefgh\r\n", "api_key_file")),
     harmless(CATEGORY, "a key without a trailing newline", "accepted for both engines",

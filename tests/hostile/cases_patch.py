@@ -4,6 +4,7 @@ Each is refused naming what was found, and leaves every file as it was (checked)
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -51,6 +52,8 @@ def snapshot(root: Path) -> dict[str, str]:
             out[str(p.relative_to(root))] = "-> " + os.readlink(p)
         elif p.is_file():
             out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:  # never opened: a FIFO would block
+            out[str(p.relative_to(root))] = "fifo" if p.is_fifo() else "dir" if p.is_dir() else "?"
     return out
 
 
@@ -148,6 +151,47 @@ def empty_model_file(root):
     return venv, [venv]
 
 
+def orig_fifo(root):
+    """A FIFO where the backup goes: hashing it would wait forever for a writer."""
+    venv = make_venv(root)
+    os.mkfifo(str(target(venv)) + ".orig")
+    return venv, [venv]
+
+
+def orig_directory(root):
+    venv = make_venv(root)
+    Path(str(target(venv)) + ".orig").mkdir()
+    return venv, [venv]
+
+
+def target_fifo(root):
+    venv = make_venv(root)
+    t = target(venv)
+    t.unlink()
+    os.mkfifo(t)
+    return venv, [venv]
+
+
+def target_directory(root):
+    venv = make_venv(root)
+    t = target(venv)
+    t.unlink()
+    t.mkdir()
+    return venv, [venv]
+
+
+def symlink_to_pristine_copy(root):
+    """qwen3_5.py a link to a pristine copy outside the venv: the hashes match, the link is
+    still refused (never followed: the backup and the result would be written through it)."""
+    venv = make_venv(root)
+    copy = root / "elsewhere.py"
+    t = target(venv)
+    copy.write_bytes(t.read_bytes())
+    t.unlink()
+    t.symlink_to(copy)
+    return venv, [venv, copy]
+
+
 def revert_foreign(root):
     venv, watched = foreign_orig(root)
     return venv, watched
@@ -155,6 +199,67 @@ def revert_foreign(root):
 
 def revert_edited_no_orig(root):
     return edited(root)
+
+
+def _applier(t: Path, timeout: int = 20) -> subprocess.CompletedProcess:
+    rec = json.loads((REPO / "files/patches/vllm/0.24.0/hashes.json").read_text())
+    try:
+        return subprocess.run([sys.executable, str(REPO / "files/patches/vllm/apply_patch.py"),
+                               str(t), str(REPO / "files/patches/vllm/0.24.0" / rec["patch"]),
+                               rec["pristine_sha256"], rec["patched_sha256"]],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the applier still runs after {timeout} s (blocked?)") from None
+
+
+def applier_refuses(prepare, expected: str, path_of=target):
+    """The node-side applier, run directly (as root would, after the operation's checks), on a
+    target the facts did not see: one line naming `expected`, exit 6, nothing changed."""
+    def check():
+        root = Path(tempfile.mkdtemp(prefix="servefleet-patch-"))
+        try:
+            venv, watched = prepare(root)
+            before = {str(w): snapshot(w) if w.is_dir() else w.read_bytes() for w in watched
+                      if not w.is_fifo()}
+            done = _applier(path_of(venv))
+            assert done.returncode == 6, (done.returncode, done.stderr[-800:])
+            lines = done.stderr.splitlines()
+            assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-800:]
+            assert expected in lines[0], lines[0]
+            after = {str(w): snapshot(w) if w.is_dir() else w.read_bytes() for w in watched
+                     if not w.is_fifo()}
+            assert after == before, "files changed"
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return check
+
+
+def fifo_target_for_applier(root):
+    venv = make_venv(root)
+    os.mkfifo(venv / "fifo.py")
+    return venv, [venv]
+
+
+def planted_tmp_symlink():
+    """Links planted at every name the applier used to write through (TARGET.servefleet-tmp,
+    TARGET.orig.servefleet-tmp): it writes new random names instead, so the patch is applied
+    and the link targets are untouched."""
+    root = Path(tempfile.mkdtemp(prefix="servefleet-patch-"))
+    try:
+        venv = make_venv(root)
+        t = target(venv)
+        victims = []
+        for suffix in (".servefleet-tmp", ".orig.servefleet-tmp"):
+            victim = root / f"victim{suffix}"
+            victim.write_text("a system file\n")
+            Path(str(t) + suffix).symlink_to(victim)
+            victims.append(victim)
+        done = _applier(t)
+        assert done.returncode == 0, done.stderr[-800:]
+        assert all(v.read_text() == "a system file\n" for v in victims), "wrote through a link"
+        assert not t.is_symlink() and Path(str(t) + ".orig").is_file()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def applier_with_wrong_hashes():
@@ -180,9 +285,20 @@ CASES = [
     refused_unchanged("a backup that is not vLLM's file", "not the pristine", foreign_orig),
     refused_unchanged("a patched file without its backup", "is missing", patched_without_orig),
     refused_unchanged("two site-packages in one venv", "more than one", two_site_packages),
-    refused_unchanged("qwen3_5.py linked to another file", "which is neither the pristine",
+    refused_unchanged("qwen3_5.py linked to another file", "is a symbolic link",
                       symlink_to_system_file),
-    refused_unchanged("a backup linked to another file", "not the pristine", orig_symlink_out),
+    refused_unchanged("qwen3_5.py linked to a pristine copy outside the venv",
+                      "is a symbolic link, not a regular file", symlink_to_pristine_copy),
+    refused_unchanged("a FIFO where the backup goes (would hang its hash)",
+                      "qwen3_5.py.orig is a fifo, not a regular file", orig_fifo),
+    refused_unchanged("revert with a FIFO where the backup is", "qwen3_5.py.orig is a fifo",
+                      orig_fifo, which="revert"),
+    refused_unchanged("a directory where the backup goes", "qwen3_5.py.orig is a directory",
+                      orig_directory),
+    refused_unchanged("qwen3_5.py a FIFO", "has no model file qwen3_5.py", target_fifo),
+    refused_unchanged("qwen3_5.py a directory", "has no model file qwen3_5.py", target_directory),
+    refused_unchanged("a backup linked to another file", "qwen3_5.py.orig is a symbolic link",
+                      orig_symlink_out),
     refused_unchanged("METADATA claiming another release", "which is neither the pristine",
                       metadata_lies),
     refused_unchanged("an empty qwen3_5.py", "which is neither the pristine", empty_model_file),
@@ -190,6 +306,18 @@ CASES = [
                       which="revert"),
     refused_unchanged("revert of an edited file without a backup", "no backup",
                       revert_edited_no_orig, which="revert"),
+    harmless(CATEGORY, "the applier run on a FIFO", "exit 6 at once, one line, nothing changed",
+             applier_refuses(fifo_target_for_applier, "not a regular file",
+                             path_of=lambda venv: venv / "fifo.py")),
+    harmless(CATEGORY, "the applier run on a link to a pristine copy",
+             "exit 6, one line, the copy and the venv unchanged",
+             applier_refuses(symlink_to_pristine_copy, "is a symbolic link")),
+    harmless(CATEGORY, "the applier with a link planted as its backup",
+             "exit 6, one line, the link's target unchanged",
+             applier_refuses(orig_symlink_out, ".orig is a symbolic link")),
+    harmless(CATEGORY, "links planted at the applier's old temporary names",
+             "applied through new random names; the links' targets unchanged",
+             planted_tmp_symlink),
     harmless(CATEGORY, "the applier given hashes that match nothing",
              "it exits non-zero, one line, and the file and its backup are untouched",
              applier_with_wrong_hashes),

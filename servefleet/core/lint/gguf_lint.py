@@ -42,6 +42,9 @@ BLOCKS_NOT_COUNTED = "blocks_not_counted"  # tensors for blocks at or past block
 
 # ASCII digits only: llama.cpp names blocks with "blk.%d"; \d would also take other scripts' digits.
 _BLK = re.compile(r"^blk\.([0-9]+)\.")
+# The highest block index the lint passes on (as block_count = index + 1, into --override-kv):
+# llama.cpp holds at most 512 layers (LLAMA_MAX_LAYERS); a 55-digit index is no model's.
+MAX_BLOCK_INDEX = (1 << 16) - 1
 # llama.cpp's split naming: PREFIX-00001-of-00003.gguf
 _SPLIT = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.ASCII)
 # An architecture name goes into llama-server's --override-kv KEY=TYPE:VALUE,... as the key's
@@ -111,6 +114,26 @@ def _architecture(path: Path, reader: gguf.GGUFReader) -> str:
     return arch
 
 
+def _model_roots(path: Path) -> list[Path]:
+    """Where the files of the GGUF named `path` may really lie: its directory and, in a Hugging
+    Face cache snapshot (.../models--ORG--NAME/snapshots/REV/), that repository's blobs/."""
+    real_dir = Path(os.path.realpath(path.parent))
+    roots = [real_dir]
+    if real_dir.parent.name == "snapshots" and real_dir.parent.parent.name.startswith("models--"):
+        roots.append(real_dir.parent.parent / "blobs")
+    return roots
+
+
+def _shard(named: Path, shard: Path) -> Path:
+    """The real path of a shard the lint reads besides the file it was given: never through a
+    symlink that leads out of the model's directory (the lint would read what lies there)."""
+    real = Path(os.path.realpath(shard))
+    if not any(root in real.parents for root in _model_roots(named)):
+        raise GgufError(f"{shard}: a symlink leading out of the model's directory "
+                        f"{named.parent} (to {one_line(str(real), 200)}): refused")
+    return real
+
+
 def _split_paths(path: Path, reader: gguf.GGUFReader) -> list[Path]:
     """All shards of a split GGUF (tensors are spread over them); [path] when not split."""
     count = _int_value(path, reader, gguf.Keys.Split.LLM_KV_SPLIT_COUNT)
@@ -122,7 +145,7 @@ def _split_paths(path: Path, reader: gguf.GGUFReader) -> list[Path]:
                         f"name says {int(match.group('count'))} shards")
     prefix = match.group("prefix")
     shards = [path.with_name(f"{prefix}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
-    missing = [str(p) for p in shards if not p.exists()]
+    missing = [str(p) for p in shards if not p.exists() and not p.is_symlink()]
     if missing:
         raise FileNotFoundError(f"split GGUF is incomplete, missing: {', '.join(missing[:3])}"
                                 + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
@@ -133,7 +156,8 @@ def _tensor_names(path: Path, reader: gguf.GGUFReader) -> list[str]:
     """Tensor names of a GGUF (all shards of a split GGUF), in file order."""
     names: list[str] = []
     for shard in _split_paths(path, reader):
-        names.extend(t.name for t in (reader if shard == path else _reader(shard)).tensors)
+        names.extend(t.name for t in (reader if shard == path else _reader(_shard(path, shard)))
+                     .tensors)
     return names
 
 
@@ -147,15 +171,20 @@ def lint_gguf(path: str | Path) -> GgufLint:
     split_no = _int_value(path, reader, gguf.Keys.Split.LLM_KV_SPLIT_NO)
     match = _SPLIT.match(path.name)
     if split_no and match:  # a later shard holds no metadata: read the split from its first shard
-        path = path.with_name(f"{match.group('prefix')}-00001-of-{match.group('count')}.gguf")
-        reader = _reader(path)
+        first = path.with_name(f"{match.group('prefix')}-00001-of-{match.group('count')}.gguf")
+        reader = _reader(_shard(path, first))
+        path = first
     arch = _architecture(path, reader)
     block_count = _int_value(path, reader, gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch))
     nextn_key = gguf.Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch)
     nextn = _int_value(path, reader, nextn_key)
 
-    indices = [int(m.group(1)) for m in map(_BLK.match, _tensor_names(path, reader)) if m]
-    highest = max(indices) if indices else None
+    blocks = [(int(m.group(1)), name) for name in _tensor_names(path, reader)
+              if (m := _BLK.match(name))]
+    highest, name = max(blocks) if blocks else (None, None)
+    if highest is not None and highest > MAX_BLOCK_INDEX:
+        raise GgufError(f"{path}: tensor {show_raw(name)} names block {show_raw(str(highest), 24)}:"
+                        f" more than the {MAX_BLOCK_INDEX + 1} blocks any model has")
 
     lint = GgufLint(
         arch=arch,
