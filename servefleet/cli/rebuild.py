@@ -74,7 +74,8 @@ def run(args) -> int:
         if answer.strip().lower() != "yes":
             return _refuse(args, rebuild.RebuildResult(planned.hosts, Exit.DIFFERS,
                                                        "cancelled; nothing was changed"))
-    result = rebuild.rebuild(args.inventory, args.deploy, planned.hosts, args.purge_models, data)
+    result = rebuild.rebuild(args.inventory, args.deploy, planned.hosts, args.purge_models, data,
+                             say=_say)
     if args.json:
         print(json.dumps(_report(args, result, refused=False), indent=2))
     else:

@@ -3,7 +3,9 @@ through the API. Acts only on explicitly selected, reachable hosts (at most max_
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from servefleet.core.errors import Exit
 from servefleet.verbs import session as api
@@ -41,14 +43,23 @@ def plan(inventory: str, limit: list[str], max_hosts: int, data: dict | None = N
 
 
 def rebuild(inventory: str, deploy: str, names: list[str], purge_models: bool,
-            data: dict | None = None) -> RebuildResult:
+            data: dict | None = None, say: Callable[[str], None] = lambda m: None
+            ) -> RebuildResult:
+    """Teardown, then the deploy; `say` hears each phase begin and end (a full converge takes
+    minutes: the operator sees where it is)."""
     result = RebuildResult(names, Exit.OK)
+    started = time.monotonic()
+    say(f"tearing down {', '.join(names)} ({TEARDOWN}{', models too' if purge_models else ''})")
     result.teardown = api.converge(inventory, TEARDOWN, names,
                                   {**(data or {}), "purge_models": purge_models})
     if not all(o.ok for o in result.teardown.values()):
         result.exit_code, result.message = Exit.DIFFERS, "teardown failed; not converging"
         return result
+    say(f"teardown done in {time.monotonic() - started:.0f} s; converging {deploy} "
+        f"(a first converge: downloads, builds, the health check)")
+    started = time.monotonic()
     result.converge = api.converge(inventory, deploy, names, data)
+    say(f"converge finished in {time.monotonic() - started:.0f} s")
     if not all(o.ok for o in result.converge.values()):
         result.exit_code = Exit.DIFFERS
         result.message = "converge failed on " + ", ".join(
