@@ -14,7 +14,7 @@ never run for another recipe, for deploys/base.py, or on a host of another role.
 
 from __future__ import annotations
 
-from pyinfra.facts.files import FileContents, Sha1File, Sha256File
+from pyinfra.facts.files import FileContents, Sha1File
 
 from servefleet.core import drift_items as di
 from servefleet.core import llamacpp as llama_logic
@@ -23,6 +23,7 @@ from servefleet.core.layout import NodeLayout
 from servefleet.core.models import SHA_RE, HubError, hub_commit, invalid_record_reason, operator_token
 from servefleet.facts import batch
 from servefleet.facts.llamacpp import LlamaBuilds
+from servefleet.facts.files import RegularFileSha256
 from servefleet.facts.models import ModelRecordFiles, VerifiedModel, record_args
 from servefleet.facts.releases import NodeReleases, RunningRelease
 from servefleet.facts.systemd import UnitState
@@ -116,6 +117,11 @@ def service_and_release(host, data, unit: str) -> list[di.Item]:
     return items + di.release_items(records, running, data["service_state"] == "running")
 
 
+def _regular_sha(host, path: str) -> str | None:
+    kind = batch.get(host, RegularFileSha256, path=path)
+    return kind[1] if kind and kind[0] == "file" else None
+
+
 def vllm_items(host) -> list[di.Item]:
     """deploys/serve_bf16.py: versions, patch hashes, unit diff, model, service, release."""
     if not recipe_loaded(host, vllm_logic.UNIT):
@@ -126,8 +132,10 @@ def vllm_items(host) -> list[di.Item]:
     cuda = batch.get(host, TorchCuda, venv=venv) if "torch" in found else None
     items = di.version_items(venv, found, pins, cuda, data["torch_cuda"])
     path = batch.get(host, VllmModelFile, venv=venv, filename=vllm_patch.MODEL_FILE)
-    sha = batch.get(host, Sha256File, path=path) if path else None
-    orig = batch.get(host, Sha256File, path=f"{path}.orig") if path else None
+    # The fact the patch step reads (no symlink followed, a FIFO only stat'ed): the same
+    # batched read, and a planted FIFO cannot hang a drift check.
+    sha, orig = ((_regular_sha(host, p) for p in (path, f"{path}.orig")) if path
+                 else (None, None))
     items += patch_items(data["vllm_version"], data["vllm_patch"], path, sha, orig, known_hashes())
     model = model_dir(data["model_repo"], data["model_revision"])
     items.append(unit_item(host, vllm_logic.UNIT, vllm_recipe.UNIT_TEMPLATE,
