@@ -10,7 +10,8 @@ perf_gate_prompt_tokens, perf_gate_max_tokens) is repeated --repeats times, one 
 as the gate would take it. Printed: each measurement's median decode tok/s and TTFT, their
 coefficient of variation (sample standard deviation / mean: the spread the gate's thresholds
 must stand), the largest drop and rise between any two measurements, then the same with the
-server arguments of --slow (a release made genuinely slower), and the change the gate would see.
+server arguments of --slow (a release made genuinely slower) and with the newer tree (the e2e
+upgrade, which must be as fast), and the change the gate would see for each.
 Uses its own testbed instance (SERVEFLEET_TESTBED_INSTANCE=9 unless set); brought down at the end
 unless --keep.
 """
@@ -28,9 +29,11 @@ os.environ.setdefault("SERVEFLEET_TESTBED_INSTANCE", "9")
 from servefleet.core import perf  # noqa: E402
 from servefleet.core.groupdata import load_group  # noqa: E402
 from servefleet_dev.testbed import lifecycle, material  # noqa: E402
+from servefleet_dev.testing.llama_src import commits  # noqa: E402
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra  # noqa: E402
 
 INVENTORY, Q4, HOST = "inventory/testbed.py", "deploys/serve_q4_llamacpp.py", "rtx4090-1"
+NEWER = "llama-cpp-python-0.3.36"
 
 
 def workload() -> perf.Workload:
@@ -90,13 +93,18 @@ def main() -> None:
                       data={"llamacpp_server_args": args.slow})
         assert run.returncode == 0, run.output[-3000:]
         slow = series(w, args.slow_repeats, f"b9785 {args.slow}")
+        run = pyinfra(INVENTORY, Q4, limit=HOST, timeout=3600,
+                      data={"llamacpp_tag": NEWER, "llamacpp_commit": commits()[NEWER]})
+        assert run.returncode == 0, run.output[-3000:]
+        newer = series(w, args.slow_repeats, NEWER)
     finally:
         if not args.keep:
             lifecycle.down(log=quiet)
     fd, ft = statistics.median(g[0] for g in fast), statistics.median(g[1] for g in fast)
-    sd, st = statistics.median(g[0] for g in slow), statistics.median(g[1] for g in slow)
-    print(f"slower release: decode {fd:.1f} -> {sd:.1f} tok/s ({perf.change_pct(fd, sd):+.1f} %), "
-          f"TTFT {ft:.3f} -> {st:.3f} s ({perf.change_pct(ft, st):+.1f} %)")
+    for label, got in ((f"slower release ({args.slow})", slow), (NEWER, newer)):
+        sd, st = statistics.median(g[0] for g in got), statistics.median(g[1] for g in got)
+        print(f"{label}: decode {fd:.1f} -> {sd:.1f} tok/s ({perf.change_pct(fd, sd):+.1f} %), "
+              f"TTFT {ft:.3f} -> {st:.3f} s ({perf.change_pct(ft, st):+.1f} %)")
 
 
 if __name__ == "__main__":

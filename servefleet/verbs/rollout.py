@@ -38,7 +38,7 @@ from servefleet.facts.releases import NodeReleases, RolloutMarkerFact
 from servefleet.operations import health
 from servefleet.operations.node import put, run
 from servefleet.verbs import session as api
-from servefleet.verbs.perfgate import PerfGate
+from servefleet.verbs.perfgate import OFF_BY_FLAG, PerfGate
 
 ROLLBACK = "deploys/rollback.py"
 UPGRADED, ROLLED_BACK, UNTOUCHED, ATTENTION = ("upgraded", "rolled back", "untouched",
@@ -283,8 +283,10 @@ class Rollout:
             if self.perf.enabled:
                 self.say(f"batch {number}/{len(groups)}: {', '.join(group)}: benching the "
                          f"release serving now (performance gate baseline)")
-            with self.session(group) as sess:
-                self.perf.baseline(sess, group)
+                with self.session(group) as sess:
+                    self.perf.baseline(sess, group)
+            else:
+                self.perf.off.update({n: OFF_BY_FLAG for n in group})
             self.say(f"batch {number}/{len(groups)}: {', '.join(group)}: converging {self.deploy}")
             self._mark(group, "converging")
             started = time.monotonic()

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from servefleet.core.layout import NodeLayout
 from servefleet_dev import hub
 from servefleet_dev.testbed import net
 from servefleet_dev.testbed.services import hub_root
@@ -71,8 +72,15 @@ def deploy_model(repo, revision, limit=NODE, env=None, **extra) -> Run:
 
 
 def record(th, name, dest):
-    f = th(name).file(f"{dest}/.servefleet/verified.json")
-    return json.loads(f.content_string) if f.exists else None
+    """Root's record that dest is complete and verified (state/verified: out of the engine's
+    reach); the fetcher's copy inside dest (the manifest a depot serves) says the same."""
+    f = th(name).file(NodeLayout.of({"servefleet_root": "/opt/servefleet"}).model_record(dest))
+    if not f.exists:
+        return None
+    doc = json.loads(f.content_string)
+    assert f.user == "root" and f.mode == 0o644
+    assert json.loads(th(name).file(f"{dest}/.servefleet/verified.json").content_string) == doc
+    return doc
 
 
 def file_bytes(stats, repo, path) -> int:

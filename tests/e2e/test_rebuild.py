@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
+from servefleet.core.layout import NodeLayout
 from servefleet_dev.testbed import lifecycle, material, net
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
 
@@ -111,13 +112,23 @@ def test_rebuilt_host_matches_a_fresh_one(material_ready, th, role):
 def test_purge_models_deletes_the_models_and_a_converge_fetches_them_again(material_ready, th):
     deploy, host, _ = ROLES["spark"]
     h = th(host)
-    assert h.check_output(f"ls {ROOT}/models")
+    # What the purge must remove, whatever earlier tests left: another model's revision, and
+    # the served one (a marker in its .cache/, which the fetcher leaves alone, tells a fresh
+    # fetch from a kept directory).
+    stale = f"{ROOT}/models/servefleet-e2e--stale/{'0' * 40}"
+    h.run_test(f"install -d -o servefleet {stale} && echo x > {stale}/weights.safetensors")
+    served = h.check_output(f"ls -d {ROOT}/models/*/*/ | grep -v stale").split()
+    assert served, "no served model to purge"
+    for d in served:
+        h.run_test(f"install -d {d}.cache && touch {d}.cache/servefleet-purge-marker")
     out = cli("rebuild", INVENTORY, deploy, "--limit", host, "--yes", "--purge-models", "--json")
     assert out.returncode == 0, out.stderr + out.stdout[-3000:]
     # The old model revisions went; the converge fetched the one the data serves, verified.
     dirs = h.check_output(f"ls -d {ROOT}/models/*/*/").split()
     assert len(dirs) == 1
-    assert h.file(f"{dirs[0]}/.servefleet/verified.json").exists
+    assert not h.file(stale).exists
+    assert not h.file(f"{dirs[0]}.cache/servefleet-purge-marker").exists, "kept, not purged"
+    assert h.file(NodeLayout.of({"servefleet_root": ROOT}).model_record(dirs[0].rstrip("/"))).exists
 
 
 def test_rebuild_refuses_more_hosts_than_allowed_and_unreachable_ones(testbed, fleet_file):

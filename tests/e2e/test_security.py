@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -186,3 +188,87 @@ def test_host_key_checking_off_is_warned_loudly(served, fleet_file, tmp_path):
                          env={**os.environ, "SERVEFLEET_FLEET": path}, timeout=600)
     out = run.stdout + run.stderr
     assert out.count("WARNING: SSH host-key checking is OFF for depot-1") == 1
+
+
+# --- hostile input on a real node ---------------------------------------------------------------
+
+# Path knobs that would hand root's tree or system directories to the service user, or make
+# root consume or delete what others write (issue #18, classes 1-3): refused before a
+# connection, for both recipes.
+HOSTILE_PATHS = [
+    {"models_root": f"{ROOT}/bin"},
+    {"models_root": "/etc/systemd/system"},
+    {"depot_store": f"{ROOT}/venvs"},
+    {"servefleet_root": "/proc/1/root"},
+    {"servefleet_root": "/tmp/servefleet"},
+    {"uv_cache_dir": f"{ROOT}/cache/uv"},
+    {"llamacpp_ccache_dir": "/dev/shm/ccache"},
+]
+
+
+def node_snapshot(h) -> str:
+    """Every path, owner, mode, size and mtime under the node root and the unit directory."""
+    return h.check_output(f"find {ROOT} /etc/systemd/system -xdev -printf '%p %u %m %s %T@\\n' "
+                          f"| sort")
+
+
+@pytest.mark.parametrize("host", list(NODES))
+def test_hostile_path_knobs_leave_the_node_unchanged(served, th, host):
+    h = th(host)
+    before = node_snapshot(h)
+    for knob in HOSTILE_PATHS:
+        run = pyinfra("inventory/testbed.py", NODES[host], limit=host, data=knob, timeout=600)
+        key = next(iter(knob))
+        assert run.returncode == 2, (knob, run.output[-2000:])
+        assert key in run.output and "nothing was changed" in run.output, run.output[-2000:]
+        assert "Traceback" not in run.output
+    assert node_snapshot(h) == before
+
+
+SPARK_MODEL = f"{ROOT}/models/Qwen--Qwen-AgentWorld-35B-A3B"
+
+
+def test_a_hostile_models_root_is_never_followed_by_root(served, th):
+    """The engine (the service user) plants links into root's world, a FIFO, a loop, an extra
+    shard and a forged record in the model directory. Drift names it; a converge removes it,
+    fetches nothing, verifies, evicts; nothing outside is read (a FIFO there would hang a root
+    open), written or deleted."""
+    h = th("spark-1")
+    model = h.check_output(f"ls -d {SPARK_MODEL}/*/").split()[-1].rstrip("/")
+    canary = "/root/servefleet-canary"
+    h.run(f"rm -rf {canary} && install -d -m 711 {canary} && echo secret > {canary}/f && "
+          f"chmod 600 {canary}/f && mkfifo -m 666 {canary}/pipe")
+    outside = h.check_output(f"ls -la --time-style=+%s {canary} /etc/passwd | sort")
+    planted = [f"ln -s {canary} {model}/dir", f"ln -s {canary}/pipe {model}/pipe.safetensors",
+               f"ln -s /etc {model}/etc", f"ln -s . {model}/loop", f"mkfifo {model}/fifo.json",
+               f"echo planted > {model}/extra.safetensors",
+               f"rm -rf {model}/.servefleet && ln -s {canary} {model}/.servefleet",
+               f"install -d {model}/.cache/huggingface && ln -s {canary} "
+               f"{model}/.cache/huggingface/download"]
+    for cmd in planted:
+        h.run_test(f"runuser -u servefleet -- sh -c {shlex.quote(cmd)}")
+    rc, report = _drift("spark-1")
+    assert rc == 1, report
+    model_item = next(i for i in report["hosts"]["spark-1"]["items"]
+                      if i["state"] == "drifted" and "not part of the model" in json.dumps(i))
+    assert "extra.safetensors" in json.dumps(model_item)
+    started = time.monotonic()
+    run = pyinfra("inventory/testbed.py", NODES["spark-1"], limit="spark-1",
+                  data={"page_cache_policy": "always"}, timeout=900)
+    assert run.returncode == 0, run.output[-3000:]
+    assert time.monotonic() - started < 600  # no FIFO held it
+    left = h.check_output(f"find {model} \\( -type l -o -type p -o -name extra.safetensors \\) "
+                          f"-print")
+    assert left == "", left
+    assert h.file(f"{ROOT}/state/page-cache-evict.json").exists
+    assert h.check_output(f"ls -la --time-style=+%s {canary} /etc/passwd | sort") == outside
+    assert h.check_output(f"cat {canary}/f") == "secret"
+    assert pyinfra("inventory/testbed.py", NODES["spark-1"], limit="spark-1").changed == 0
+    h.run(f"rm -rf {canary}")
+
+
+def _drift(host: str):
+    proc = subprocess.run([sys.executable, "-m", "servefleet.cli", "drift", "inventory/testbed.py",
+                           NODES[host], "--limit", host, "--json"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=600)
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else proc.stderr
