@@ -2,7 +2,7 @@
 looks like through it.
 
     SERVEFLEET_TESTBED_INSTANCE=3 .venv/bin/python benchmarks/perf_noise.py [--repeats 10]
-        [--slow '["--threads", "1"]'] [--keep]
+        [--slow '["--threads", "1", "--ubatch-size", "1"]'] [--keep]
 
 One rtx4090 host (the real llama-server, CPU build, the tiny GGUF) serving b9785. The gate's
 measurement (`servefleet bench` with the gate's workload from group_data: perf_gate_runs,
@@ -13,7 +13,8 @@ must stand), the largest drop and rise between any two measurements, then the sa
 server arguments of --slow (a release made genuinely slower) and with the newer tree (the e2e
 upgrade, which must be as fast), and the change the gate would see for each.
 Uses its own testbed instance (SERVEFLEET_TESTBED_INSTANCE=9 unless set); brought down at the end
-unless --keep.
+unless --keep. Each measurement holds the machine alone (servefleet_dev.testing.quiet), as the
+e2e tests of the gate do; a test session running meanwhile pauses between its tests.
 """
 
 import argparse
@@ -29,6 +30,7 @@ os.environ.setdefault("SERVEFLEET_TESTBED_INSTANCE", "9")
 from servefleet.core import perf  # noqa: E402
 from servefleet.core.groupdata import load_group  # noqa: E402
 from servefleet_dev.testbed import lifecycle, material  # noqa: E402
+from servefleet_dev.testing import quiet as quiet_machine  # noqa: E402
 from servefleet_dev.testing.llama_src import commits  # noqa: E402
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra  # noqa: E402
 
@@ -57,7 +59,8 @@ def measure(w: perf.Workload) -> tuple[float, float, float]:
 def series(w: perf.Workload, repeats: int, label: str) -> list[tuple[float, float, float]]:
     got = []
     for i in range(repeats):
-        got.append(measure(w))
+        with quiet_machine.exclusive():  # as the e2e gate tests measure: nothing else running
+            got.append(measure(w))
         print(f"  {label} {i + 1}/{repeats}: {got[-1][0]:.1f} tok/s, TTFT {got[-1][1]:.3f} s "
               f"({got[-1][2]:.1f} s)", flush=True)
     decode, ttft = [g[0] for g in got], [g[1] for g in got]
@@ -74,7 +77,8 @@ def series(w: perf.Workload, repeats: int, label: str) -> list[tuple[float, floa
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--slow", default='["--threads", "1"]', help="llamacpp_server_args (JSON)")
+    ap.add_argument("--slow", default='["--threads", "1", "--ubatch-size", "1"]',
+                    help="llamacpp_server_args (JSON)")
     ap.add_argument("--slow-repeats", type=int, default=5)
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()

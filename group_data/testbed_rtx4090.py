@@ -26,6 +26,6 @@ model_file = "tiny-qwen35moe-field-missing-mtp.gguf"  # block_count 41, nextn 1,
 served_model_name = "tiny-qwen35moe"  # the tiny model's API name
 llamacpp_context_bytes = 256 * 1024**2  # the tiny model's KV cache and buffers at -c 65536, rounded up
 llamacpp_ram_reserve_bytes = 256 * 1024**2  # guests see the host's RAM
-llamacpp_server_args = []  # CPU build: no GPU layers
+llamacpp_server_args = ["--threads", "1"]  # CPU build, no GPU layers; one thread: ggml's spinning threads on two shared cores measured 4x apart between benches
 health_timeout_s = 120  # the tiny model loads in seconds
 health_settle_s = 3  # a crash loop shows within seconds here

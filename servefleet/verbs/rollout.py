@@ -205,6 +205,8 @@ class Rollout:
         return names
 
     def _mark(self, names: list[str], phase: str | None) -> None:
+        if not names:  # an empty --limit would select every host of the inventory
+            return
         with self.session(names) as sess:
             def mark(host):
                 rec = self.report.hosts[host.name]
@@ -253,11 +255,19 @@ class Rollout:
                 failed.append(name)
         return failed
 
-    def _rollback(self, names: list[str]) -> None:
+    def _rollback(self, names: list[str], slower: list[str]) -> None:
+        """Serve the previous release again on `names`. The hosts in `slower` run the new
+        release healthy (they failed the performance gate): rollback.py would keep a healthy
+        current release, so they are sent back to the previous one explicitly."""
         self.say(f"rolling back {', '.join(names)} to the previous release")
         self._mark(names, "rolling-back")
         started = time.monotonic()
-        outcomes = api.converge(self.inventory, ROLLBACK, names, self.data)
+        outcomes = {}
+        for part, force in (([n for n in names if n not in slower], False),
+                            ([n for n in names if n in slower], True)):
+            if part:
+                outcomes.update(api.converge(self.inventory, ROLLBACK, part,
+                                             {**(self.data or {}), "previous_release": force}))
         took = time.monotonic() - started
         back_ok = [n for n in names if outcomes.get(n) and outcomes[n].ok]
         gates = self._gate(back_ok) if back_ok else {}
@@ -292,7 +302,7 @@ class Rollout:
             started = time.monotonic()
             outcomes = api.converge(self.inventory, self.deploy, group, self.data)
             took = round(time.monotonic() - started, 1)
-            failed = []
+            failed, slower = [], []
             for name in group:
                 rec, outcome = self.report.hosts[name], outcomes.get(name)
                 rec.converge_s = took
@@ -312,7 +322,8 @@ class Rollout:
                     else:
                         rec.detail = f"gate: {said}"
                         failed.append(name)
-                failed += self._perf_gate(healthy)
+                slower = self._perf_gate(healthy)
+                failed += slower
                 for name in healthy:
                     rec = self.report.hosts[name]
                     if name not in failed:
@@ -323,7 +334,7 @@ class Rollout:
             for name in failed:
                 self.say(f"{name}: failed: {self.report.hosts[name].detail}")
             if failed:
-                self._rollback(failed)
+                self._rollback(failed, slower)
                 failures += len(failed)
             if failures > self.max_failures:
                 rest = [n for g in groups[number:] for n in g]

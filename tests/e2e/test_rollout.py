@@ -29,6 +29,7 @@ import pytest
 from servefleet.core.groupdata import load_group
 from servefleet_dev.testbed import lifecycle, material
 from servefleet_dev.testbed.hosts import shared_dir
+from servefleet_dev.testing import quiet
 from servefleet_dev.testing.llama_src import commits
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
 from servefleet_dev.testing.wheels import vllm_wheel
@@ -41,9 +42,11 @@ ROOT = "/opt/servefleet"
 UNIT = "/etc/systemd/system/servefleet-llama.service"
 CLI = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(main())"]
 NEWER = "llama-cpp-python-0.3.36"
-# A genuinely slower release: the same build and model, the server on one thread (the guests
-# have two cores). releases_keep 3 keeps b9785's build for the tests after these.
-SLOW = ["--data", 'llamacpp_server_args=["--threads","1"]', "--data", "releases_keep=3"]
+# A genuinely slower release: the same build and model, the server evaluating the prompt one
+# token per batch (--ubatch-size 1: every prompt token a pass of its own, TTFT several times the
+# batched one). releases_keep 3 keeps b9785's build for the tests after these.
+SLOW_ARGS = '["--threads","1","--ubatch-size","1"]'  # the testbed's --threads 1, kept
+SLOW = ["--data", f"llamacpp_server_args={SLOW_ARGS}", "--data", "releases_keep=3"]
 NO_GATE = "--no-perf-gate"  # for rollouts that only set the stage: the gate is tested on its own
 
 
@@ -120,10 +123,12 @@ def llama_fleet(testbed):
     pyinfra(INVENTORY, Q4, limit=LLAMAS[0], timeout=3600)
 
 
+@pytest.mark.quiet
 def test_a_real_upgrade_of_three_hosts_in_batches_of_one(llama_fleet, th):
     before = {h: records(th, h)["current"] for h in LLAMAS}
     assert {c["version"] for c in before.values()} == {"b9785"}
-    rc, report, err = rollout("--batch", "1", *newer(), limit=LLAMAS)
+    with quiet.exclusive():  # the gate's figures, measured with nothing else running
+        rc, report, err = rollout("--batch", "1", *newer(), limit=LLAMAS)
     assert rc == 0, (report, err[-3000:])
     for host in LLAMAS:
         r = report["hosts"][host]
@@ -145,10 +150,12 @@ def test_a_real_upgrade_of_three_hosts_in_batches_of_one(llama_fleet, th):
     assert "batch 3/3" in err  # one host per batch
 
 
+@pytest.mark.quiet
 def test_a_slower_release_fails_the_performance_gate_and_is_rolled_back(llama_fleet, th):
     host = LLAMAS[0]
     fast = agree(th, host)  # the newer tree, gated as fast by the upgrade above
-    rc, report, err = rollout(*newer(), *SLOW, limit=[host])
+    with quiet.exclusive():
+        rc, report, err = rollout(*newer(), *SLOW, limit=[host])
     assert rc == 1, (report, err[-3000:])
     r = report["hosts"][host]
     assert r["result"] == "rolled back", r
@@ -165,17 +172,18 @@ def test_a_slower_release_fails_the_performance_gate_and_is_rolled_back(llama_fl
         assert after["ttft_s"] > 1.25 * before["ttft_s"]
     # Back on the faster release; the node keeps both measurements.
     current = agree(th, host)
-    assert release_id(current) == release_id(fast) and "--threads" not in current["unit_text"]
+    assert release_id(current) == release_id(fast) and "--ubatch-size" not in current["unit_text"]
     assert health(th, host) == "200"
     rec = records(th, host)
     gated(rec["current"]["perf"], "baseline", report["rollout_id"])
     assert rec["current"]["perf"] == before
     slow = rec["rolled_back_from"]
-    assert "--threads 1" in slow["unit_text"] and slow["version"] == NEWER
+    assert "--ubatch-size 1" in slow["unit_text"] and slow["version"] == NEWER
     gated(slow["perf"], "gate", report["rollout_id"])
     assert slow["perf"] == after and slow["perf"]["verdict"] == r["perf"]
 
 
+@pytest.mark.quiet
 def test_no_perf_gate_lets_the_slower_release_through(llama_fleet, th):
     host = LLAMAS[0]
     rc, report, err = rollout(NO_GATE, *newer(), *SLOW, limit=[host])
@@ -184,7 +192,7 @@ def test_no_perf_gate_lets_the_slower_release_through(llama_fleet, th):
     assert r["result"] == "upgraded" and r["perf"] == "off (--no-perf-gate)", r
     assert r["perf_before"] is None and r["perf_after"] is None
     current = agree(th, host)
-    assert "--threads 1" in current["unit_text"]
+    assert "--ubatch-size 1" in current["unit_text"]
     # Its last figures, from the gate it failed above, stay with the release.
     assert current["perf"]["verdict"].startswith("performance gate failed")
     # status --wide shows both releases' figures; bench --compare finds it slower than the
@@ -194,8 +202,9 @@ def test_no_perf_gate_lets_the_slower_release_through(llama_fleet, th):
     prev = records(th, host)["previous"][0]["perf"]
     assert f"{prev['decode_tok_s']:.1f} tok/s, TTFT {prev['ttft_s']:.3f} s" in wide.stdout, \
         wide.stdout + wide.stderr
-    out = subprocess.run([*CLI, "bench", INVENTORY, "--limit", host, "--compare", "--json"],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    with quiet.exclusive():
+        out = subprocess.run([*CLI, "bench", INVENTORY, "--limit", host, "--compare", "--json"],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     (node,) = json.loads(out.stdout)
     assert out.returncode == 1 and node["ok"] and node["slower"], node
     assert node["previous"] == prev and node["now"]["workload"] == workload()
@@ -235,10 +244,16 @@ def test_a_failing_upgrade_rolls_back_the_first_host_and_leaves_the_others(llama
     ("between the converge and the gate", "gating", 0.0),
     ("during the gate", "gating", 1.5),
 ])
+@pytest.mark.quiet
 def test_an_interrupted_rollout_is_finished_by_a_rerun(llama_fleet, th, point, after, delay):
     host = LLAMAS[0]
     rc, _, err = rollout(NO_GATE, limit=[host])  # from b9785, the data's release
     assert rc == 0, err[-3000:]
+    with quiet.exclusive():  # the baseline (kept in the marker) and the rerun's gate are timed
+        interrupted_then_rerun(th, host, point, after, delay)
+
+
+def interrupted_then_rerun(th, host: str, point: str, after: str, delay: float) -> None:
     cmd = [*CLI, "rollout", INVENTORY, Q4, "--limit", host, *newer()]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)

@@ -221,3 +221,37 @@ def test_the_gate_is_off_by_flag_by_data_or_without_a_baseline(gate, monkeypatch
     script["a"] = []  # no new baseline is measured
     again.baseline(FakeSession([FakeHost("a")]), ["a"])
     assert again.baselines["a"].decode_tok_s == 40.0
+
+
+def test_a_host_the_gate_failed_goes_back_to_the_previous_release(monkeypatch):
+    """It runs the new release healthy, so rollback.py would keep it: the rollout asks for the
+    previous one (previous_release), and only for those hosts; a host whose converge or health
+    gate failed keeps rollback.py's own choice. No marker is written for an empty selection
+    (an empty --limit would select the whole inventory)."""
+    from servefleet.verbs import rollout as ro
+    from servefleet.verbs.session import HostOutcome
+
+    calls, sessions = [], []
+    monkeypatch.setattr(ro.api, "converge", lambda inv, deploy, names, data: calls.append(
+        (deploy, list(names), data["previous_release"])) or {
+        n: HostOutcome(n, True) for n in names})
+    monkeypatch.setattr(ro.Rollout, "session", lambda self, names=None: sessions.append(names))
+    monkeypatch.setattr(ro.Rollout, "_gate", lambda self, names: {
+        n: (n != "sick", "gate", 1.0) for n in names})
+    marks = []
+    monkeypatch.setattr(ro.Rollout, "_mark", lambda self, names, phase: marks.append(
+        (list(names), phase)))
+    r = ro.Rollout("inventory/testbed.py", "deploys/serve_q4_llamacpp.py", "1", 0, None,
+                   {"x": 1}, lambda line: None)
+    for n in ("slow", "broken"):
+        r.report.hosts[n] = HostRollout(n)
+    r._rollback(["slow", "broken"], slower=["slow"])
+    assert calls == [(ro.ROLLBACK, ["broken"], False), (ro.ROLLBACK, ["slow"], True)]
+    assert {n: h.result for n, h in r.report.hosts.items()} == {"slow": "rolled back",
+                                                                 "broken": "rolled back"}
+    assert marks == [(["slow", "broken"], "rolling-back"), (["slow", "broken"], None)]
+    monkeypatch.undo()
+    monkeypatch.setattr(ro.Rollout, "session", lambda self, names=None: sessions.append(names))
+    ro.Rollout("inventory/testbed.py", "deploys/serve_q4_llamacpp.py", "1", 0, None, None,
+               lambda line: None)._mark([], None)
+    assert sessions == []
