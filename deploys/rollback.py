@@ -3,8 +3,8 @@
 #   servefleet rollback inventory/fleet.py --limit NODE       (previous_release=true)
 from pyinfra import host
 
-from servefleet.recipes import base, release
+from servefleet.recipes import base, releases
 
 if base.begin("rollback"):  # data checked
     # unit, `current`, restart, records; with no release to go back to, this host fails
-    release.rollback(force_previous=bool(host.data.get("previous_release")))
+    releases.rollback(force_previous=bool(host.data.get("previous_release")))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from servefleet.core import checks as c
+from servefleet.core import validate as c
 from servefleet.core import sandbox
 
 # Recipe labels: deploys/<name>.py, and the verbs that read data of their own.

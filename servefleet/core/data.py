@@ -17,7 +17,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from servefleet.core import checks as c
+from servefleet.core import validate as c
 from servefleet.core import contract
 from servefleet.core.errors import DataError
 from servefleet.core.fleetkey import depot_key_problem

@@ -1,7 +1,7 @@
 """Models on the operator side: the hub's API (revision -> commit sha, file list with LFS
 sha256), include patterns, and the record a verified download leaves on a node.
 
-The node-side fetcher is files/model/fetch_model.py; servefleet.operations.model runs it.
+The node-side fetcher is files/model/fetch_model.py; servefleet.operations.models runs it.
 """
 
 from __future__ import annotations

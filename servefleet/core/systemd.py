@@ -1,6 +1,6 @@
 """Values written into systemd unit files, escaped so that data can never add a directive.
 
-Data checks (servefleet.core.checks) already refuse newlines, control characters and
+Data checks (servefleet.core.validate) already refuse newlines, control characters and
 whitespace in every value that reaches a unit; escaping here is the second line: '%' is a
 specifier, '$' expands variables in Exec lines, quotes and backslashes delimit words.
 """

@@ -13,7 +13,7 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from servefleet.core.vllm import kv_compared, kv_expectation
-from servefleet.operations.vllm_checks import read_json_on_node
+from servefleet.operations.vllm_preflight import read_json_on_node
 
 
 def argv(script: str, python: str, url: str, model: str, unit: str,

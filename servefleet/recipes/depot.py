@@ -15,7 +15,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
 from servefleet.core.fleetkey import depot_models, fleet_key
-from servefleet.operations import model as model_ops
+from servefleet.operations import models as model_ops
 from servefleet.operations import node
 from servefleet.recipes import base
 from servefleet.recipes.models import fetch_args, model_tools

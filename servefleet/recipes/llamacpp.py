@@ -31,7 +31,7 @@ from servefleet.facts.systemd import UnitState
 from servefleet.facts.vllm import DistVersions
 from servefleet.operations import llamacpp as ops
 from servefleet.operations import node
-from servefleet.recipes import base, release, serving
+from servefleet.recipes import base, releases, serving
 from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
 from servefleet.recipes.service import ServiceRun, systemd_service
 
@@ -61,7 +61,7 @@ def plan_reads() -> None:
         (GgufLint, _lint_args(model)),
         (File, {"path": lay.api_key_file}),
         (NodeReleases, {"path": lay.releases_file}), (RunningRelease, {"path": lay.running_file}),
-        # What the drift check reads besides (servefleet.verbs.deep_checks): drift sends no
+        # What the drift check reads besides (servefleet.verbs.deep_drift): drift sends no
         # more commands than a no-op converge.
         (Sha1File, {"path": lay.unit_path(logic.UNIT)}), (UnitState, {"unit": logic.UNIT}),
     ])
@@ -149,10 +149,10 @@ def service(built: Build, run: ModelRun) -> ServiceRun:
     key = serving.api_key()
     data = base.data()
     context = logic.unit_context(data, run.path, override_kv(run.path))
-    release_of = release.build(engine=logic.ENGINE, version=data["llamacpp_tag"],
-                               prefix=built.prefix, unit=logic.UNIT, template=UNIT_TEMPLATE,
-                               context=context, model_dir=run.path, gate=gate_args(),
-                               commit=data["llamacpp_commit"])
+    release_of = releases.build(engine=logic.ENGINE, version=data["llamacpp_tag"],
+                                prefix=built.prefix, unit=logic.UNIT, template=UNIT_TEMPLATE,
+                                context=context, model_dir=run.path, gate=gate_args(),
+                                commit=data["llamacpp_commit"])
     return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of, logic.probe_argv(data),
                            depends_on=[built.build, built.switch, run, key])
 

@@ -26,7 +26,7 @@ from servefleet.core.models import SHA_RE, HubError, hub_commit, operator_token
 from servefleet.facts.models import VerifiedModel, record_args
 from servefleet.facts.vllm import DistVersions
 from servefleet.operations import depot as depot_ops
-from servefleet.operations import model as model_ops
+from servefleet.operations import models as model_ops
 from servefleet.operations import node
 from servefleet.recipes import base
 

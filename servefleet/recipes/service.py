@@ -24,7 +24,7 @@ from servefleet.core.systemd import render_unit
 from servefleet.facts import batch
 from servefleet.facts.releases import RunningRelease
 from servefleet.operations import node, sandbox
-from servefleet.recipes import release
+from servefleet.recipes import releases
 
 
 @dataclass
@@ -70,7 +70,7 @@ def systemd_service(unit: str, template: str, context: dict, release_of, probe_a
     + template: jinja2 template under files/
     + context: template variables; a callable value is called while rendering (at execution
       too), e.g. a lint read on the node after this run's download
-    + release_of: () -> Release this run installs (servefleet.recipes.release.build)
+    + release_of: () -> Release this run installs (servefleet.recipes.releases.build)
     + probe_argv: the sandbox probe's command (servefleet.core.sandbox), run under the unit's
       own sandbox before anything of the unit changes, whenever a (re)start will follow
     + depends_on: OperationMetas (or objects with did_change()) whose change requires a restart
@@ -98,7 +98,7 @@ def systemd_service(unit: str, template: str, context: dict, release_of, probe_a
                           content=lambda: render_unit(template, context), mode="644")
     # What is installed is recorded before the restart: a failed start leaves it recorded (and
     # not running.json), which is how a rollback knows to go back from it.
-    release.record(release_of)
+    releases.record(release_of)
     systemd.daemon_reload(name="Reload systemd (unit changed)", _if=unit_op.did_change)
     ensure = node.service(name=f"{unit} {host.data.service_state}", unit=unit,
                           running=running, enabled=host.data.service_enabled)

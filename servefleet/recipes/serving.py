@@ -1,7 +1,7 @@
 """The steps both serving recipes share: the API key on the node, the health gate's arguments
 and the health step that runs it after a (re)start.
 
-A release records its gate (servefleet.recipes.release), so a rollout gates a host, rolled back
+A release records its gate (servefleet.recipes.releases), so a rollout gates a host, rolled back
 or not, with the check of the release it serves; the arguments are built here once for both
 engines, the engine adds its own (vLLM: the KV comparison).
 """
@@ -12,7 +12,7 @@ from servefleet.core.layout import api_url
 from servefleet.core.secrets import read_secret
 from servefleet.operations import health as health_ops
 from servefleet.operations import node
-from servefleet.operations import release as release_ops
+from servefleet.operations import releases as release_ops
 from servefleet.recipes import base
 from servefleet.recipes.service import AnyChanged, ServiceRun
 

@@ -12,7 +12,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-from servefleet.core.checks import inside
+from servefleet.core.validate import inside
 from servefleet.core.layout import NodeLayout
 from servefleet.facts.node import DirEntries
 from servefleet.facts.systemd import ServefleetUnits

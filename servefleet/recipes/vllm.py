@@ -28,8 +28,8 @@ from servefleet.facts.releases import NodeReleases, RunningRelease
 from servefleet.facts.systemd import UnitState
 from servefleet.facts.vllm import DistVersions, SafetensorsBytes, TorchCuda, VllmModelFile, VllmVersion
 from servefleet.facts import batch
-from servefleet.operations import node, pyenv, vllm_checks, vllm_patch
-from servefleet.recipes import base, release, serving
+from servefleet.operations import node, pyenv, vllm_patch, vllm_preflight
+from servefleet.recipes import base, releases, serving
 from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
 from servefleet.recipes.service import ServiceRun, systemd_service
 
@@ -50,14 +50,14 @@ def plan_reads() -> None:
         (VllmVersion, {"venv": venv}),
         (VllmModelFile, {"venv": venv, "filename": vllm_patch.MODEL_FILE}),
         *model_reads(model),
-        *vllm_checks.model_file_reads(model, data["servefleet_user"]),
+        *vllm_preflight.model_file_reads(model, data["servefleet_user"]),
         (SafetensorsBytes, {"path": model, "user": data["servefleet_user"]}), (MemoryBytes, {}),
         *base.upload_reads(lay.bin("servefleet-evict-page-cache"), lay.bin("servefleet-health"),
                            lay.unit_path(logic.UNIT)),
         *[(File, {"path": p}) for p in (lay.api_key_file, lay.vllm_env_file)],
         *([(File, {"path": data["vllm_executable"]})] if data.get("vllm_executable") else []),
         (NodeReleases, {"path": lay.releases_file}), (RunningRelease, {"path": lay.running_file}),
-        # What the drift check reads besides (servefleet.verbs.deep_checks): drift sends no
+        # What the drift check reads besides (servefleet.verbs.deep_drift): drift sends no
         # more commands than a no-op converge.
         (Sha1File, {"path": lay.unit_path(logic.UNIT)}), (UnitState, {"unit": logic.UNIT}),
     ])
@@ -107,9 +107,9 @@ def model() -> ModelRun:
     data = base.data()
     run = ensure_model(repo_id=data["model_repo"], revision=data["model_revision"],
                        include=list(data["model_include"]))
-    vllm_checks.checkpoint_lint(name="Lint the checkpoint against the recipe", path=run.path,
-                                language_model_only=data["language_model_only"],
-                                user=data["servefleet_user"])
+    vllm_preflight.checkpoint_lint(name="Lint the checkpoint against the recipe", path=run.path,
+                                   language_model_only=data["language_model_only"],
+                                   user=data["servefleet_user"])
     return run
 
 
@@ -122,7 +122,7 @@ def page_cache(run: ModelRun, depends_on: list):
                 content=open(EVICT_SCRIPT, "rb").read(), mode="755")
     applies = logic.page_cache_applies(data)
     deps = [run, *depends_on]
-    return vllm_checks.evict_page_cache(
+    return vllm_preflight.evict_page_cache(
         name=f"Evict {run.path} from the page cache (policy {data['page_cache_policy']})",
         path=run.path, script=script, user=data["servefleet_user"], python=base.python(),
         record=lay.page_cache_record,
@@ -134,8 +134,8 @@ def page_cache(run: ModelRun, depends_on: list):
 @deploy("Memory preflight")
 def memory_preflight(run: ModelRun):
     data = base.data()
-    vllm_checks.memory_preflight(name="plan-kv and memory budget", path=run.path, data=data,
-                                 user=data["servefleet_user"])
+    vllm_preflight.memory_preflight(name="plan-kv and memory budget", path=run.path, data=data,
+                                    user=data["servefleet_user"])
 
 
 @deploy("vLLM service")
@@ -144,9 +144,9 @@ def service(env: PythonEnv, run: ModelRun, depends_on: list) -> ServiceRun:
     executable_check(data)
     key = serving.api_key(base.layout().vllm_env_file, "VLLM_API_KEY")
     context = logic.unit_context(data, run.path)
-    release_of = release.build(engine=logic.ENGINE, version=data["vllm_version"], prefix=env.venv,
-                               unit=logic.UNIT, template=UNIT_TEMPLATE, context=context,
-                               model_dir=run.path, gate=gate_args(run.path))
+    release_of = releases.build(engine=logic.ENGINE, version=data["vllm_version"], prefix=env.venv,
+                                unit=logic.UNIT, template=UNIT_TEMPLATE, context=context,
+                                model_dir=run.path, gate=gate_args(run.path))
     # Positional: `name=` would be taken by pyinfra as the deploy's display name.
     return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of, logic.probe_argv(data),
                            depends_on=[env.create, env.install, *depends_on, run, key])

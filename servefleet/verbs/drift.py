@@ -20,7 +20,7 @@ from pyinfra_cli.util import exec_file
 from servefleet.core.drift_items import ALWAYS, CONDITIONAL, DRIFTED, IN_SYNC, Item
 from servefleet.core.errors import Exit
 from servefleet.verbs import session as api
-from servefleet.verbs.deep_checks import DEEP_CHECKS
+from servefleet.verbs.deep_drift import DEEP_CHECKS
 
 UNCHECKED = "unchecked"
 

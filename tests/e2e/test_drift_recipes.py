@@ -1,4 +1,4 @@
-"""The recipes' deep drift checks (servefleet/verbs/deep_checks.py) on real testbed hosts.
+"""The recipes' deep drift checks (servefleet/verbs/deep_drift.py) on real testbed hosts.
 
 Both recipes are converged once (module fixture); each case makes one kind of drift by hand, the
 check (CLI, --json) exits 1 and names it (item name, expected, found), a converge repairs the
@@ -131,7 +131,7 @@ def test_converged_recipes_are_in_sync_with_their_deep_items(recipes, th):
     assert items["unit /etc/systemd/system/servefleet-llama.service"]["found"] == "same content"
 
 
-def test_deep_checks_apply_only_to_their_recipe(recipes):
+def test_deep_drift_items_apply_only_to_their_recipe(recipes):
     rc, report = drift("deploys/base.py", SPARK)
     assert rc == 0 and deep(report, SPARK) == {}
     rc, report = drift(BF16, LLAMA)  # the BF16 recipe on the llama.cpp host: nothing to check

@@ -15,7 +15,7 @@ from servefleet.operations.vllm_patch import recorded_patch
 from servefleet.recipes import llamacpp as llama_recipe
 from servefleet.recipes import vllm as vllm_recipe
 from servefleet.recipes.service import render_unit
-from servefleet.verbs import deep_checks as dc
+from servefleet.verbs import deep_drift as dc
 from servefleet_dev.testbed.material import load
 
 SPARK = load("all", "spark", "testbed_spark", "testbed")

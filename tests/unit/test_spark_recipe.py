@@ -243,7 +243,7 @@ def test_auto_sized_pool_is_planned_from_what_is_left(spark):
 # --- operations on @local ----------------------------------------------------------------------
 
 def run_op(op: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYINFRA, "@local", f"servefleet.operations.vllm_checks.{op}", *args, "-y"],
+    return subprocess.run([PYINFRA, "@local", f"servefleet.operations.vllm_preflight.{op}", *args, "-y"],
                           cwd=cwd, capture_output=True, text=True, timeout=120)
 
 

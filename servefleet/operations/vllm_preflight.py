@@ -1,5 +1,5 @@
-"""Checks and node-side steps around the vLLM service: checkpoint lint, memory preflight,
-page-cache eviction.
+"""The vLLM recipe's node-side preflight, between the model fetch and the service start:
+checkpoint lint, memory preflight, page-cache eviction.
 
 The lint and the preflight read the checkpoint on the node (config.json, the safetensors
 index, the shard sizes) when they execute, so they see a model fetched earlier in the same
@@ -116,8 +116,8 @@ def checkpoint_lint(path: str, language_model_only: bool, user: str):
 
     .. code:: python
 
-        vllm_serve.checkpoint_lint(path="/opt/servefleet/models/Qwen/Qwen-AgentWorld-35B-A3B",
-                                   language_model_only=True, user="servefleet")
+        vllm_preflight.checkpoint_lint(path="/opt/servefleet/models/Qwen/Qwen-AgentWorld-35B-A3B",
+                                       language_model_only=True, user="servefleet")
     """
     try:
         absent = file_on_node(f"{path}/config.json", user) is None
@@ -159,8 +159,8 @@ def memory_preflight(path: str, data: dict, user: str):
 
     .. code:: python
 
-        vllm_serve.memory_preflight(path="/opt/servefleet/models/Qwen/Qwen-AgentWorld-35B-A3B",
-                                    data=host.data.dict(), user="servefleet")
+        vllm_preflight.memory_preflight(path="/opt/servefleet/models/Qwen/Qwen-AgentWorld-35B-A3B",
+                                        data=host.data.dict(), user="servefleet")
     """
     try:
         config = read_json_on_node(f"{path}/config.json", user)
@@ -208,9 +208,9 @@ def evict_page_cache(path: str, script: str, user: str, python: str = "python3",
 
     .. code:: python
 
-        vllm_serve.evict_page_cache(path="/opt/servefleet/models/Qwen/Qwen-AgentWorld-35B-A3B",
-                                    script="/opt/servefleet/bin/servefleet-evict-page-cache",
-                                    user="servefleet", _if=model.changed)
+        vllm_preflight.evict_page_cache(path="/opt/servefleet/models/Qwen/Qwen-AgentWorld-35B-A3B",
+                                        script="/opt/servefleet/bin/servefleet-evict-page-cache",
+                                        user="servefleet", _if=model.changed)
     """
     argv = [python, "-I", script, path, "--user", user]
     if record:

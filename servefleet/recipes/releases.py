@@ -10,7 +10,7 @@ from servefleet.core.layout import UNIT_DIR, NodeLayout
 from servefleet.core.releases import Release
 from servefleet.facts import batch
 from servefleet.facts.models import VerifiedModel, record_args
-from servefleet.operations import release as release_ops
+from servefleet.operations import releases as release_ops
 from servefleet.recipes import base
 from servefleet.core.systemd import render_unit
 

@@ -32,7 +32,7 @@ def record(releases_file: str, release, keep: int, bounds: list[str]):
     + keep: releases kept, current included (releases_keep)
     + bounds: the only directories pruning may delete inside (venvs, builds, models)
 
-    **Example:** servefleet.recipes.release.record fills every argument.
+    **Example:** servefleet.recipes.releases.record fills every argument.
     """
     current = batch.get(host, NodeReleases, path=releases_file)
     new = release()
@@ -75,10 +75,10 @@ def rollback(releases_file: str, running_file: str, unit_dir: str, llama_current
 
     .. code:: python
 
-        release.rollback(releases_file="/opt/servefleet/state/releases.json",
-                         running_file="/opt/servefleet/state/running.json",
-                         unit_dir="/etc/systemd/system",
-                         llama_current="/opt/servefleet/llama.cpp/current")
+        releases.rollback(releases_file="/opt/servefleet/state/releases.json",
+                          running_file="/opt/servefleet/state/running.json",
+                          unit_dir="/etc/systemd/system",
+                          llama_current="/opt/servefleet/llama.cpp/current")
     """
     records = batch.get(host, NodeReleases, path=releases_file)
     running = batch.get(host, RunningRelease, path=running_file)

@@ -1,4 +1,5 @@
-"""The recipes' deep checks: what the drift check's operations alone do not show, read with facts.
+"""Drift's deep items, the recipes' deep checks: what drift's operations alone do not show, read
+with facts.
 
 Each check runs per host after the deploy is loaded and applies only when that deploy installs
 the recipe's unit on the host (its `Unit <name>` operation is in the plan), so a recipe's checks
