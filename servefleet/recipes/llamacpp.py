@@ -19,15 +19,13 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.files import File
 
 from servefleet.core import llamacpp as logic
 from servefleet.core.lint import gguf_header, gguf_lint
 from servefleet.facts import batch
 from servefleet.facts.llamacpp import GgufLint, LlamaBuilds, Nvcc
 from servefleet.facts.node import FreeDiskBytes, InstalledDebs
-from servefleet.facts.releases import NodeReleases, RunningRelease
-from servefleet.facts.systemd import UnitState
 from servefleet.facts.vllm import DistVersions
 from servefleet.operations import llamacpp as ops
 from servefleet.operations import node
@@ -60,10 +58,7 @@ def plan_reads() -> None:
                            lay.unit_path(logic.UNIT)),
         (GgufLint, _lint_args(model)),
         (File, {"path": lay.api_key_file}),
-        (NodeReleases, {"path": lay.releases_file}), (RunningRelease, {"path": lay.running_file}),
-        # What the drift check reads besides (servefleet.verbs.deep_drift): drift sends no
-        # more commands than a no-op converge.
-        (Sha1File, {"path": lay.unit_path(logic.UNIT)}), (UnitState, {"unit": logic.UNIT}),
+        *serving.service_reads(lay, logic.UNIT),
     ])
 
 

@@ -8,15 +8,28 @@ engines, the engine adds its own (vLLM: the KV comparison).
 
 from __future__ import annotations
 
-from servefleet.core.layout import api_url
+from pyinfra.facts.files import Sha1File
+
+from servefleet.core.layout import NodeLayout, api_url
 from servefleet.core.secrets import read_secret
 from servefleet.operations import health as health_ops
 from servefleet.operations import node
 from servefleet.operations import releases as release_ops
+from servefleet.facts.releases import NodeReleases, RunningRelease
+from servefleet.facts.systemd import UnitState
 from servefleet.recipes import base
 from servefleet.recipes.service import AnyChanged, ServiceRun
 
 HEALTH_SCRIPT = "files/health/health.py"
+
+
+def service_reads(lay: NodeLayout, unit: str) -> list:
+    """The reads of a serving recipe's plan about its service: the release records, the running
+    release, and what the drift check reads besides (servefleet.verbs.deep_drift: the unit's
+    hash and state), so drift sends no more commands than a no-op converge."""
+    return [(NodeReleases, {"path": lay.releases_file}),
+            (RunningRelease, {"path": lay.running_file}),
+            (Sha1File, {"path": lay.unit_path(unit)}), (UnitState, {"unit": unit})]
 
 
 def api_key(env_file: str | None = None, env_var: str | None = None) -> object:

@@ -18,14 +18,12 @@ from dataclasses import dataclass
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.files import File
 
 from servefleet.core import vllm as logic
 from servefleet.core.python_env import source_args
 from servefleet.facts.models import VerifiedModel
 from servefleet.facts.node import MemoryBytes, PathStat
-from servefleet.facts.releases import NodeReleases, RunningRelease
-from servefleet.facts.systemd import UnitState
 from servefleet.facts.vllm import DistVersions, SafetensorsBytes, TorchCuda, VllmModelFile, VllmVersion
 from servefleet.facts import batch
 from servefleet.operations import node, pyenv, vllm_patch, vllm_preflight
@@ -56,10 +54,7 @@ def plan_reads() -> None:
                            lay.unit_path(logic.UNIT)),
         *[(File, {"path": p}) for p in (lay.api_key_file, lay.vllm_env_file)],
         *([(File, {"path": data["vllm_executable"]})] if data.get("vllm_executable") else []),
-        (NodeReleases, {"path": lay.releases_file}), (RunningRelease, {"path": lay.running_file}),
-        # What the drift check reads besides (servefleet.verbs.deep_drift): drift sends no
-        # more commands than a no-op converge.
-        (Sha1File, {"path": lay.unit_path(logic.UNIT)}), (UnitState, {"unit": logic.UNIT}),
+        *serving.service_reads(lay, logic.UNIT),
     ])
 
 

@@ -257,11 +257,13 @@ def interrupted_then_rerun(th, host: str, point: str, after: str, delay: float) 
     cmd = [*CLI, "rollout", INVENTORY, Q4, "--limit", host, *newer()]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
-    seen = []
+    seen, marker = [], None
     try:
         for line in proc.stdout:
             seen.append(line)
             if f": {after}" in line:
+                # The line comes before the marker: the kill lands once the node says the phase.
+                marker = wait_for_marker(th, host, after)
                 time.sleep(delay)
                 os.killpg(proc.pid, signal.SIGKILL)  # a killed operator machine
                 break
@@ -269,7 +271,10 @@ def interrupted_then_rerun(th, host: str, point: str, after: str, delay: float) 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert any(f": {after}" in line for line in seen), "".join(seen)[-2000:]
+    assert marker is not None, "".join(seen)[-2000:]
+    killed_at = read_marker(th, host)
+    assert killed_at and killed_at["rollout_id"] == marker["rollout_id"], killed_at
+    assert killed_at["phase"] == after, (point, killed_at)
     # Right after the kill, the host serves the old release or the new one.
     deadline = time.monotonic() + 60
     while health(th, host) != "200":
@@ -277,12 +282,28 @@ def interrupted_then_rerun(th, host: str, point: str, after: str, delay: float) 
         time.sleep(1)
     rc, report, err = rollout(*newer(), limit=[host])  # the rerun finishes the job
     assert rc in (0, 1), (report, err[-3000:])
+    assert f"{host}: resuming rollout {marker['rollout_id']} ({after})" in err, err[-3000:]
     result = report["hosts"][host]["result"]
     assert result in ("upgraded", "rolled back"), report
     current = agree(th, host)
     assert current["version"] == (NEWER if result == "upgraded" else "b9785")
     assert health(th, host) == "200"
     assert not th(host).file(f"{ROOT}/state/rollout.json").exists  # finished
+
+
+def read_marker(th, host: str) -> dict | None:
+    f = th(host).file(f"{ROOT}/state/rollout.json")
+    return json.loads(f.content_string) if f.exists else None
+
+
+def wait_for_marker(th, host: str, phase: str) -> dict:
+    deadline = time.monotonic() + 120
+    while True:
+        got = read_marker(th, host)
+        if got and got["phase"] == phase:
+            return got
+        assert time.monotonic() < deadline, f"no {phase} marker on {host}: {got}"
+        time.sleep(0.2)
 
 
 def test_rollback_by_hand_then_converge_returns_to_the_data(llama_fleet, th):

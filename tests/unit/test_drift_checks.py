@@ -50,7 +50,8 @@ def test_vllm_unit_renders_from_the_recipe_context():
 def test_llamacpp_unit_renders_with_the_lint_flag():
     ctx = llamacpp.unit_context(RTX, RTX_MODEL, override_kv=lambda: "a.b=int:4")
     text = render_unit(llama_recipe.UNIT_TEMPLATE, ctx)
-    assert "    --override-kv a.b=int:4\n" in text
+    args = [line.strip().rstrip("\\").strip() for line in text.splitlines()]
+    assert "--override-kv a.b=int:4" in args
     plain = render_unit(llama_recipe.UNIT_TEMPLATE,
                         llamacpp.unit_context(RTX, RTX_MODEL, override_kv=lambda: None))
     assert "--override-kv" not in plain
