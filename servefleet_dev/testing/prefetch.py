@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
+from servefleet_dev.testing import quiet
 from servefleet_dev.testing.llama_build import llama_host_build
 from servefleet_dev.testing.llama_src import LLAMA_CPP_PYTHON_VERSION, RELEASE_TAG
 from servefleet_dev.testing.wheels import vllm_venv
@@ -33,7 +34,8 @@ def main() -> int:
     for name, step in STEPS:
         started = time.monotonic()
         try:
-            step()
+            with quiet.shared():  # a compile beside a timed test would be its noise
+                step()
         except Exception as exc:  # noqa: BLE001 (the test that needs it reports it properly)
             print(f"prefetch: {name}: {exc}", flush=True)
             continue
