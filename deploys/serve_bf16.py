@@ -1,6 +1,7 @@
 # A bare DGX Spark -> Qwen/Qwen-AgentWorld-35B-A3B served in BF16 by vLLM, step by step.
 #   pyinfra inventory/spark.py deploys/serve_bf16.py
-# Knobs: group_data/spark.py (README.md, Recipe 1). A failing check stops only the host concerned.
+# Knobs: group_data/spark.py (docs/recipes.md, Recipe 1).
+# A failing check stops only the host concerned.
 from servefleet.recipes import base, vllm
 
 if base.begin("serve_bf16"):  # data checked; hosts of other roles: a visible no-op

@@ -1,6 +1,7 @@
 # RTX 4090: llama.cpp serving the Q4_K_M GGUF of Qwen-AgentWorld-35B-A3B, step by step.
 #   pyinfra inventory/rtx4090.py deploys/serve_q4_llamacpp.py
-# Knobs: group_data/rtx4090.py (README.md, Recipe 2). A failing check stops only the host concerned.
+# Knobs: group_data/rtx4090.py (docs/recipes.md, Recipe 2).
+# A failing check stops only the host concerned.
 from servefleet.recipes import base, llamacpp
 
 if base.begin("serve_q4_llamacpp"):  # data checked; hosts of other roles: a visible no-op

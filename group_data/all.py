@@ -1,6 +1,6 @@
 # Defaults for every servefleet host. Role files (spark.py, rtx4090.py, depot.py) and
 # inventory/fleet.yml `data:` override these. servefleet/core/contract.py declares each key's
-# check; README's knob tables are generated from this file and the role files.
+# check; docs/knobs.md's knob lists are generated from this file and the role files.
 
 # --- Layout on the node --------------------------------------------------------------------
 servefleet_root = "/opt/servefleet"  # everything servefleet installs lives here (a dedicated directory)
@@ -39,7 +39,7 @@ health_timeout_s = 600  # seconds a (re)started service may take to answer /heal
 health_settle_s = 30  # seconds a service must stay healthy after a start before it counts as up
 releases_keep = 2  # releases kept on a node, current included: the previous one serves again instantly
 
-# --- Rollout performance gate (servefleet rollout; README, Rollouts and rollback) -----------
+# --- Rollout performance gate (servefleet rollout; docs/rollouts.md) ------------------------
 perf_gate = True  # bench each host before its upgrade and after its health gate; a slower release is rolled back (False: health gate only)
 perf_gate_runs = 3  # measured bench requests per measurement, after one warm-up (the median counts)
 perf_gate_prompt_tokens = 256  # prompt of each gate bench request, in tokens (TTFT)

@@ -120,7 +120,7 @@ def fleet_file(testbed, ssh_key, tmp_path):
 
 # The e2e tier in two halves, each on its own testbed instance in its own worker, side by side
 # with a third worker running the unit and hostile tiers (`-n 3`, pytest_xdist_make_scheduler). The halves
-# are balanced by measured time (README, "Test time"); each module converges the hosts it
+# are balanced by measured time (docs/evidence.md, "Test time"); each module converges the hosts it
 # needs, so a module does not depend on which half ran before it. Within a half, modules run in
 # this order; test_zz_teardown, which takes its instance down, comes last in its half.
 E2E_HALVES = {

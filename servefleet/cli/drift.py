@@ -18,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--limit", action="append", help="host name, glob or group (repeatable)")
     p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
                    help="override data, as pyinfra's --data")
-    p.add_argument("--json", action="store_true", help="machine-readable report (see README)")
+    p.add_argument("--json", action="store_true", help="machine-readable report (see docs/day2.md)")
     p.add_argument("--wide", action="store_true", help="expected and found in full")
     p.add_argument("--all", action="store_true", help="list in-sync items too")
     p.add_argument("--debug", action="store_true",

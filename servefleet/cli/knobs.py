@@ -1,12 +1,14 @@
 """`servefleet knobs [--markdown]`: every knob of the data contract, its default and its doc,
 from group_data/*.py (the defaults and docs) and servefleet.core.contract (checks, recipes).
-README's knob tables are this command's --markdown output."""
+docs/knobs.md's knob lists are this command's --markdown output: one list item per knob, every
+line at most 100 columns, a long dict or list default shown by its size and its file."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from servefleet.cli.output import table
+from servefleet.cli.output import table, wrap
 from servefleet.core import contract, groupdata
 from servefleet.core.errors import InputError
 
@@ -17,22 +19,62 @@ SECTIONS = (
     ("depot", "Model depot (group_data/depot.py)"),
     ("testbed_spark", "Testbed only (group_data/testbed_spark.py)"),
 )
+MAX_COLUMNS = 100  # docs/ pages' limit (tests/unit/test_docs.py)
+MAX_DEFAULT = 60  # a longer dict or list default is shown by its size and where it is written
+CODE_SPAN = re.compile(r"`[^`]*`")
+BLOCK = re.compile(r"([-+*>]|#+|\d+[.)])( |$)")
+KEEP = "\x00"  # a space inside a code span while wrapping: a span is never cut across lines
 
 
 def register(sub) -> None:
     p = sub.add_parser("knobs", help="every data key: default, doc, recipes (from group_data/)")
-    p.add_argument("--markdown", action="store_true", help="README's tables")
+    p.add_argument("--markdown", action="store_true", help="docs/knobs.md's lists")
     p.set_defaults(func=run)
 
 
 def rows(group: str) -> list[tuple[str, str, str, str]]:
+    """(key, default as shown, what reads it, doc) for each value of group_data/<group>.py."""
+    return [(name, default, recipes, doc) for name, default, _, recipes, doc in knobs(group)]
+
+
+def knobs(group: str) -> list[tuple[str, str, bool, str, str]]:
+    """(key, default as shown, whether that is the value itself, what reads it, doc)."""
     out = []
+    values = groupdata.load_group(group) or {}
     for a in groupdata.assignments(group):
         knob = contract.BY_NAME.get(a.name)
         recipes = ", ".join(knob.recipes) if knob else "?"
         flag = " (serving)" if knob and knob.serving else ""
-        out.append((a.name, a.source, recipes + flag, a.doc))
+        default, literal = shown(a, values.get(a.name))
+        out.append((a.name, default, literal, recipes + flag, a.doc))
     return out
+
+
+def shown(a: groupdata.Assignment, value) -> tuple[str, bool]:
+    """The default, or for a long dict or list its size and the file that holds it (with the
+    comments on its entries)."""
+    if len(a.default) <= MAX_DEFAULT or not isinstance(value, (dict, list, tuple)):
+        return a.default, True
+    kind = "a dict of {} keys" if isinstance(value, dict) else "a list of {} items"
+    names = ", ".join(str(k) for k in value) if isinstance(value, dict) else ""
+    size = kind.format(len(value)) + (f" ({names})" if names and len(names) <= 30 else "")
+    return f"{size} in group_data/{a.file}.py", False
+
+
+def item(name: str, default: str, literal: bool, recipes: str, doc: str) -> list[str]:
+    """One knob as a list item, wrapped at MAX_COLUMNS; a code span is never cut."""
+    text = f"- `{name}` = {f'`{default}`' if literal else default}, read by {recipes}"
+    text = " ".join((text + (f": {doc}" if doc else "")).split())
+    text = CODE_SPAN.sub(lambda m: m.group(0).replace(" ", KEEP), text)
+    while True:
+        lines = wrap(text, MAX_COLUMNS, more="  ")
+        # A line that went on must not open a list, a quote or a heading of its own: glue the
+        # word that would open it to the word before.
+        opener = next((line.split()[0] for line in lines[1:] if BLOCK.match(line.lstrip())),
+                      None)
+        if opener is None:
+            return [line.replace(KEEP, " ") for line in lines]
+        text = re.sub(rf" (?={re.escape(opener)}( |$))", KEEP, text, count=1)
 
 
 def markdown() -> str:
@@ -40,10 +82,9 @@ def markdown() -> str:
     for group, title in SECTIONS:
         if not groupdata.group_file(group).is_file():
             continue
-        parts.append(f"#### {title}\n\n| key | default | read by | meaning |\n|---|---|---|---|")
-        for name, default, recipes, doc in rows(group):
-            cell = default.replace("|", "\\|")
-            parts.append(f"| `{name}` | `{cell}` | {recipes} | {doc.replace('|', '/')} |")
+        parts.append(f"#### {title}\n")
+        for knob in knobs(group):
+            parts.extend(item(*knob))
         parts.append("")
     return "\n".join(parts).rstrip() + "\n"
 

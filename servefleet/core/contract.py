@@ -3,8 +3,8 @@
 A declaration holds the knob's name, its check, the recipes (deploys and verbs) that read it,
 whether it changes what serves (part of a release's data digest) and its scope. Defaults and the
 one-line docs live beside the values operators edit, in group_data/*.py (all.py and the role
-files; testbed-only knobs in group_data/testbed*.py); README's knob tables are generated from
-both (`servefleet knobs --markdown`) and tests/unit/test_contract.py checks that every place
+files; testbed-only knobs in group_data/testbed*.py); docs/knobs.md's knob lists are generated
+from both (`servefleet knobs --markdown`) and tests/unit/test_contract.py checks that every place
 agrees.
 """
 

@@ -1,4 +1,5 @@
-"""servefleet's errors and exit codes: one meaning per code, for every verb (README, Exit codes)."""
+"""servefleet's errors and exit codes: one meaning per code, for every verb (docs/day2.md,
+Exit codes)."""
 
 from __future__ import annotations
 

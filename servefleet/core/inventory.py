@@ -174,8 +174,8 @@ def _read_yaml(path: Path):
     try:
         raw = read_regular(path, MAX_FLEET_BYTES)  # never a FIFO (hangs) or a device
     except FileNotFoundError:
-        raise FleetError(f"{path}: not found (write one entry per node; see README, Add your "
-                         f"own nodes)") from None
+        raise FleetError(f"{path}: not found (write one entry per node; see docs/nodes.md)") \
+            from None
     except OSError as exc:
         raise FleetError(f"{path}: cannot be read ({exc.strerror})") from None
     except FileRefused as exc:

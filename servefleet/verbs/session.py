@@ -146,7 +146,7 @@ def check_selection(inventory_path: str, inventory, targets: list, limit) -> Non
     hosts = list(inventory)
     if not hosts:
         raise DataError(f"inventory {inventory_path} has no hosts: {fleet_path()} lists no node "
-                        f"for it; add one entry per node (see README, Add your own nodes)")
+                        f"for it; add one entry per node (see docs/nodes.md)")
     if limit and not targets:
         groups = sorted({g for h in hosts for g in h.groups})
         raise DataError(f"--limit {' '.join(limit)} matches no host of {inventory_path} "

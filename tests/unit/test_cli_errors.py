@@ -109,6 +109,15 @@ def test_an_empty_fleet_is_one_line_and_exit_2(fleet, text, command, args):
     proc = servefleet(command, *args, fleet=path)
     line = one_line(proc, command)
     assert f"inventory inventory/spark.py has no hosts: {path} lists no node for it" in line
+    assert line.endswith("add one entry per node (see docs/nodes.md)")
+    assert proc.returncode == 2
+
+
+def test_a_missing_fleet_file_says_where_to_read_how_to_write_one(tmp_path):
+    path = tmp_path / "fleet.yml"
+    proc = servefleet("status", "inventory/spark.py", fleet=path)
+    line = one_line(proc, "status")
+    assert line.endswith(f"{path}: not found (write one entry per node; see docs/nodes.md)")
     assert proc.returncode == 2
 
 
