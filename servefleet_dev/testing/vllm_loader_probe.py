@@ -100,6 +100,14 @@ def _free_port() -> int:
 def load(checkpoint: Path, language_model_only: bool) -> dict:
     """Construct and load `checkpoint` with vLLM's get_model on the CPU platform."""
     # Must come before anything else of vLLM is imported: this machine has no GPU.
+    import torch  # optional heavy dependency: only inside the vLLM venv
+
+    # The venv holds PyPI's vLLM wheel (a CUDA build: its _C has no CPU kernels). What is probed
+    # is which modules get built and which weights load, not CPU kernels, so the probe takes the
+    # plain CPU path on every x86 machine: on a CPU with AMX, vLLM 0.24.0 turns prefix caching
+    # off after the hybrid model sized its Mamba blocks for it (its own validator then refuses
+    # the config) and packs conv weights with an op only its CPU build has.
+    torch.cpu._is_amx_tile_supported = lambda: False
     import vllm.platforms  # optional heavy dependency: only inside the vLLM venv
     import vllm.platforms.cpu  # optional heavy dependency: only inside the vLLM venv
 
