@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import textwrap
 from dataclasses import asdict
 
 from servefleet.cli.output import table
@@ -36,14 +37,31 @@ def _f(value, fmt):
 def render(results, runs: int, max_tokens: int) -> str:
     rows = [(r.host, _f(r.prompt_tokens, "d"), _f(r.median_ttft_s, ".3f"),
              _f(r.median_decode_tok_s, ".1f"), _f(r.roofline_tok_s, ".1f"),
-             _f(r.roofline_ratio, ".2f"), "ok" if r.ok else r.error) for r in results]
+             _f(r.roofline_ratio, ".2f"), _status(r)) for r in results]
     head = f"servefleet bench: median of {runs} runs, max_tokens {max_tokens}"
     body = table(("host", "prompt", "TTFT s", "tok/s", "roofline", "ratio", "status"), rows,
                  shrink=("host", "status"))
+    return f"{head}\n{body}{_reasons(results)}"
+
+
+def _status(r) -> str:
+    return "ok" if r.ok else "not reached (below)" if r.unreachable else "failed (below)"
+
+
+def _reasons(results) -> str:
+    """Each failed node's whole reason, on lines of its own (wrapped, never cut)."""
     failed = [r for r in results if not r.ok]
-    tail = (f"\n{len(failed)} of {len(results)} nodes failed: "
-            + "; ".join(f"{r.host}: {r.error}" for r in failed)) if failed else ""
-    return f"{head}\n{body}{tail}"
+    lines = [textwrap.fill(f"{r.host}: {'not reached' if r.unreachable else 'failed'}: "
+                           f"{r.error}", 80, subsequent_indent="  ") for r in failed]
+    return "".join(f"\n{line}" for line in lines) + (
+        f"\n{len(failed)} of {len(results)} nodes failed" if failed else "")
+
+
+def exit_code(results, slower: bool = False) -> Exit:
+    """3 when a node could not be reached, else 1 when one failed (or, --compare, is slower)."""
+    if any(r.unreachable for r in results):
+        return Exit.UNREACHABLE
+    return Exit.DIFFERS if slower or not results or not all(r.ok for r in results) else Exit.OK
 
 
 def _fig(doc, key, fmt):
@@ -54,12 +72,12 @@ def render_compare(results) -> str:
     rows = [(r.host, r.release, _fig(r.now, "decode_tok_s", ".1f"), _fig(r.now, "ttft_s", ".3f"),
              r.previous_release,
              _fig(r.previous, "decode_tok_s", ".1f"), _fig(r.previous, "ttft_s", ".3f"),
-             ("slower" if r.slower else "ok") if r.ok else "failed") for r in results]
+             ("slower" if r.slower else "ok") if r.ok else _status(r)) for r in results]
     body = table(("host", "release", "tok/s", "TTFT s", "previous", "then tok/s", "then TTFT",
                   "status"), rows, shrink=("release", "previous", "status"))
-    lines = "".join(f"\n{r.host}: {'; '.join(r.lines) if r.ok else 'failed: ' + str(r.error)}"
-                    for r in results if r.lines or not r.ok)
-    return f"servefleet bench --compare: now against the previous release's figures\n{body}{lines}"
+    lines = "".join(f"\n{r.host}: {'; '.join(r.lines)}" for r in results if r.ok and r.lines)
+    return (f"servefleet bench --compare: now against the previous release's figures\n{body}"
+            f"{lines}{_reasons(results)}")
 
 
 def run(args) -> int:
@@ -69,8 +87,7 @@ def run(args) -> int:
                            args.max_tokens)
         print(json.dumps([asdict(r) for r in compared], indent=2) if args.json
               else render_compare(compared))
-        return int(Exit.OK if compared and all(r.ok and not r.slower for r in compared)
-                   else Exit.DIFFERS)
+        return int(exit_code(compared, slower=any(r.slower for r in compared)))
     runs, prompt = args.runs or 5, args.prompt_tokens or 2048
     max_tokens = args.max_tokens or 256
     results = bench(args.inventory, args.limit, runs, prompt, max_tokens)
@@ -78,4 +95,4 @@ def run(args) -> int:
         print(json.dumps([asdict(r) for r in results], indent=2))
     else:
         print(render(results, runs, max_tokens))
-    return int(Exit.OK if results and all(r.ok for r in results) else Exit.DIFFERS)
+    return int(exit_code(results))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import textwrap
 
 from rich.console import Console
 
@@ -43,7 +44,10 @@ def render(report: RolloutReport) -> str:
     # The performance gate's verdicts in full: both figures of each comparison.
     perf = "".join(f"\n{h.name}: {h.perf}" for h in report.hosts.values()
                    if h.perf and h.perf_after)
-    tail = perf + (f"\n{report.message}" if report.message else "")
+    message = textwrap.fill(report.message, 80, subsequent_indent="  ") if report.message else ""
+    if not report.hosts:  # refused before any host: the reason alone, no empty table
+        return f"{message}\nrollout {report.rollout_id}: exit {int(report.exit_code)}"
+    tail = perf + (f"\n{message}" if message else "")
     return f"{body}{tail}\nrollout {report.rollout_id}: exit {int(report.exit_code)}"
 
 

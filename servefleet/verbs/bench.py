@@ -34,6 +34,7 @@ class NodeResult:
     roofline_tok_s: float | None = None  # memory bandwidth / bytes read per token
     roofline_ratio: float | None = None
     runs: list | None = None
+    unreachable: bool = False  # not connected: error says why (exit 3, not 1)
 
 
 def roofline(bandwidth_bytes_per_s, bytes_per_token) -> float | None:
@@ -69,7 +70,7 @@ def bench_host(host, runs: int, prompt_tokens: int, max_tokens: int) -> NodeResu
 def bench(inventory: str, limit=None, runs=5, prompt_tokens=2048, max_tokens=256):
     with api.session(inventory, limit) as sess:
         results = sess.each(lambda h: bench_host(h, runs, prompt_tokens, max_tokens))
-        out = [NodeResult(n, False, why) for n, why in sess.unreachable.items()]
+        out = [NodeResult(n, False, why, unreachable=True) for n, why in sess.unreachable.items()]
         for name, res in results.items():
             out.append(res if isinstance(res, NodeResult)
                        else NodeResult(name, False, f"{type(res).__name__}: {res}"))
@@ -87,6 +88,7 @@ class Comparison:
     previous: dict | None = None  # what the previous release recorded, or None
     lines: list = field(default_factory=list)  # now against previous: both values, the change
     slower: bool = False  # beyond the data's gate thresholds against the previous release
+    unreachable: bool = False  # not connected: error says why (exit 3, not 1)
 
 
 def compare_host(host, runs=None, prompt_tokens=None, max_tokens=None) -> Comparison:
@@ -123,7 +125,7 @@ def compare_host(host, runs=None, prompt_tokens=None, max_tokens=None) -> Compar
 def compare(inventory: str, limit=None, runs=None, prompt_tokens=None, max_tokens=None):
     with api.session(inventory, limit) as sess:
         results = sess.each(lambda h: compare_host(h, runs, prompt_tokens, max_tokens))
-        out = [Comparison(n, False, why) for n, why in sess.unreachable.items()]
+        out = [Comparison(n, False, why, unreachable=True) for n, why in sess.unreachable.items()]
         for name, res in results.items():
             out.append(res if isinstance(res, Comparison)
                        else Comparison(name, False, f"{type(res).__name__}: {res}"))

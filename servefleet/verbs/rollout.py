@@ -349,6 +349,13 @@ def rollback(inventory: str, limit: list[str], data: dict | None,
              say: Callable[[str], None]) -> RolloutReport:
     """`servefleet rollback`: the previous release on the selected hosts, then their gate."""
     report = RolloutReport(f"rollback-{time.strftime('%Y%m%dT%H%M%S')}")
+    with api.session(inventory, limit, data, deploy=ROLLBACK) as sess:
+        gone = dict(sess.unreachable)
+    if gone:  # as a rollout: all selected hosts or none
+        report.refused, report.message = Exit.UNREACHABLE, (
+            "cannot reach " + ", ".join(f"{n} ({w})" for n, w in gone.items())
+            + "; nothing was changed")
+        return report
     outcomes = api.converge(inventory, ROLLBACK, limit, {**(data or {}), "previous_release": True})
     if not outcomes:
         report.refused, report.message = Exit.BAD_INPUT, f"--limit selects no host of {inventory}"

@@ -83,11 +83,18 @@ def test_a_file_that_is_no_inventory_is_one_line_not_a_traceback(fleet, path, ex
     assert proc.returncode == 2
 
 
-@pytest.mark.parametrize("command,args", [
+# Every fleet verb, with what it needs besides --limit.
+EVERY_VERB = [
     ("drift", ["inventory/spark.py", "deploys/base.py"]),
     ("status", ["inventory/spark.py"]),
+    ("bench", ["inventory/spark.py"]),
+    ("rollout", ["inventory/spark.py", "deploys/serve_bf16.py"]),
+    ("rollback", ["inventory/spark.py"]),
     ("rebuild", ["inventory/spark.py", "deploys/base.py", "--yes"]),
-])
+]
+
+
+@pytest.mark.parametrize("command,args", EVERY_VERB)
 def test_a_limit_that_matches_no_host_is_one_line_and_exit_2(fleet, command, args):
     proc = servefleet(command, *args, "--limit", "sprak-01", fleet=fleet())
     line = one_line(proc, command)
@@ -100,13 +107,11 @@ def test_a_limit_that_matches_no_host_is_one_line_and_exit_2(fleet, command, arg
     "hosts: []\n",
     "hosts:\n  - {name: gpu-01, role: rtx4090, ssh_hostname: 127.0.0.1, ssh_port: 1}\n",
 ])
-@pytest.mark.parametrize("command,args", [
-    ("drift", ["inventory/spark.py", "deploys/base.py"]),
-    ("status", ["inventory/spark.py"]),
-])
+@pytest.mark.parametrize("command,args", EVERY_VERB)
 def test_an_empty_fleet_is_one_line_and_exit_2(fleet, text, command, args):
     path = fleet(text)
-    proc = servefleet(command, *args, fleet=path)
+    limit = ["--limit", "spark-01"] if command in ("rollback", "rebuild") else []
+    proc = servefleet(command, *args, *limit, fleet=path)
     line = one_line(proc, command)
     assert f"inventory inventory/spark.py has no hosts: {path} lists no node for it" in line
     assert line.endswith("add one entry per node (see docs/nodes.md)")
@@ -196,3 +201,34 @@ def test_a_refused_rebuild_json_of_an_unreachable_host_is_a_json_object(fleet):
     assert report["exit_code"] == 3 and report["teardown"] == {} and report["converge"] == {}
     assert REASON in report["message"]
     assert proc.returncode == 3
+
+
+@pytest.mark.parametrize("compare", [[], ["--compare"]])
+def test_bench_of_an_unreachable_host_is_exit_3_with_the_whole_reason(fleet, compare):
+    # Was: exit 1, and the reason cut in the table.
+    proc = servefleet("bench", "inventory/spark.py", *compare, fleet=fleet())
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), proc.stdout
+    row = next(line for line in lines if line.startswith("spark-01 "))
+    assert "not reached" in row
+    below = " ".join(line.strip() for line in lines[lines.index(row) + 1:])
+    assert below.startswith("spark-01: not reached: Could not connect") and REASON in below
+
+
+@pytest.mark.parametrize("command,args", [
+    ("rollback", ["inventory/spark.py", "--limit", "spark-01"]),
+    ("rollout", ["inventory/spark.py", "deploys/serve_bf16.py"]),
+])
+def test_rollout_and_rollback_of_an_unreachable_host_are_exit_3_and_change_nothing(
+        fleet, command, args):
+    # Was (rollback): exit 4, "needs attention", the reason cut.
+    proc = servefleet(command, *args, fleet=fleet())
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), proc.stdout
+    said = " ".join(line.strip() for line in lines[:-1])
+    assert said.startswith("cannot reach spark-01 (Could not connect") and REASON in said
+    assert said.endswith("nothing was changed") and lines[-1].endswith("exit 3")
+    report = json.loads(servefleet(command, *args, "--json", fleet=fleet()).stdout)
+    assert report["exit_code"] == 3 and report["hosts"] == {} and REASON in report["message"]
