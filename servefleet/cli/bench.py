@@ -9,6 +9,8 @@ import logging
 import textwrap
 from dataclasses import asdict
 
+from rich.console import Console
+
 from servefleet.cli.output import table
 from servefleet.core.errors import Exit
 from servefleet.verbs.bench import bench, compare
@@ -80,17 +82,25 @@ def render_compare(results) -> str:
             f"{lines}{_reasons(results)}")
 
 
+def _progress(args, what: str):
+    """A spinner on stderr while the nodes are benched (a bench takes minutes on a big model);
+    rich shows nothing when stderr is not a terminal, nor under --json."""
+    return Console(stderr=True, quiet=args.json, highlight=False).status(what)
+
+
 def run(args) -> int:
     logging.getLogger("pyinfra").setLevel(logging.ERROR)
     if args.compare:
-        compared = compare(args.inventory, args.limit, args.runs, args.prompt_tokens,
-                           args.max_tokens)
+        with _progress(args, "benching each node against its previous release"):
+            compared = compare(args.inventory, args.limit, args.runs, args.prompt_tokens,
+                               args.max_tokens)
         print(json.dumps([asdict(r) for r in compared], indent=2) if args.json
               else render_compare(compared))
         return int(exit_code(compared, slower=any(r.slower for r in compared)))
     runs, prompt = args.runs or 5, args.prompt_tokens or 2048
     max_tokens = args.max_tokens or 256
-    results = bench(args.inventory, args.limit, runs, prompt, max_tokens)
+    with _progress(args, f"benching each node: {runs} runs of {max_tokens} tokens"):
+        results = bench(args.inventory, args.limit, runs, prompt, max_tokens)
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=2))
     else:
