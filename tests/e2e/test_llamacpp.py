@@ -93,11 +93,13 @@ def test_first_converge_builds_at_the_pin_and_serves_with_the_lint_fix(llama_env
 
     unit = h.file("/etc/systemd/system/servefleet-llama.service").content_string
     assert f"ExecStart={LLAMA}/{name}/bin/llama-server -m " in unit  # the release's own build
-    assert f"    --override-kv {DEFECT_FLAG}\n" in unit and unit.count("--override-kv") == 1
+    args = [line.strip().rstrip("\\").strip() for line in unit.splitlines()]
+    assert f"--override-kv {DEFECT_FLAG}" in args and unit.count("--override-kv") == 1
     assert 'Environment="GGML_CUDA_NO_PINNED=1"' in unit and "User=servefleet" in unit
     assert "MemoryDenyWriteExecute=yes" in unit and "ProtectSystem=strict" in unit
     assert h.service("servefleet-llama.service").is_running
     assert h.process.get(comm="llama-server").user == "servefleet"
+    assert f"--override-kv {DEFECT_FLAG}" in h.process.get(comm="llama-server").args
     assert curl(h, "/health").stdout == "200"
     reply = json.loads(curl(h, "/v1/chat/completions", {
         "model": DATA["served_model_name"], "max_tokens": 4,
