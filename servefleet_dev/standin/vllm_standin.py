@@ -12,6 +12,9 @@ It takes exactly the argv the systemd unit gives the real `vllm` console script 
    sha256 of MODEL_DIR/config.json, and looks up the real engine's log recorded on an H200 for
    that version, checkpoint, --max-model-len and --kv-cache-memory-bytes (index.json in the data
    dir); no recording: one line naming what was asked and what is recorded, exit 1;
+   The argv must be the one the recording was started with (its "non-default args" line), but
+   for the node's paths, address and key and the probe's own flags (index: probe_only_args):
+   another served name or eager mode would replay another engine's start; one line, exit 1;
 3. REPLAYS that recording's startup lines on stdout (the journal), up to "Application startup
    complete." It computes nothing about the KV cache: the numbers are the real engine's;
 4. serves vLLM 0.24.0's HTTP contract on --host/--port, threaded: GET /health, /ping, /version,
@@ -160,7 +163,7 @@ def parse_serve(argv, flags):
     """`serve` argv (after "serve") -> dict of the options the stand-in uses; unknown -> Refusal."""
     opts = {"model": None, "served_model_name": None, "max_model_len": None,
             "kv_cache_memory_bytes": None, "host": None, "port": "8000", "api_key": None,
-            "help": False}
+            "help": False, "given": {}}
     unknown, positionals = [], []
     i = 0
     while i < len(argv):
@@ -207,6 +210,8 @@ def parse_serve(argv, flags):
         key = base[2:].replace("-", "_")
         if dotted:
             continue
+        if base.startswith("--"):  # as vLLM logs it: "non-default args: {...}"
+            opts["given"][key] = True if nargs == "0" else values[0] if nargs == "1" else values
         if key in ("model", "host", "port", "max_model_len", "kv_cache_memory_bytes"):
             opts[key] = values[0] if values else None
         elif key in ("served_model_name", "api_key"):
@@ -293,6 +298,61 @@ def find_recording(index, version, sha, max_model_len, kv_bytes):
         f"{ME}: no H200 recording for vLLM {version}, config.json sha256 {sha}, max_model_len "
         f"{'unset' if max_model_len is None else max_model_len}, kv_cache_memory_bytes "
         f"{'unset' if kv_bytes is None else kv_bytes}; recorded: {recorded}")
+
+
+# What a recording's "non-default args" may differ in from the argv: the node's own paths and
+# address, and the secret. Anything else (served name, eager mode, dtype, ...) would make the
+# replayed journal describe another engine than the unit starts.
+NODE_ARGS = {"model_tag", "model", "host", "port", "api_key"}
+
+
+def recorded_args(path):
+    """The recording's `non-default args: {...}` (vLLM's own log line), or None."""
+    import ast
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if "non-default args: " in line:
+                try:
+                    return ast.literal_eval(line.split("non-default args: ", 1)[1].strip())
+                except (ValueError, SyntaxError):
+                    return None
+    return None
+
+
+def _norm(value):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    try:
+        return human_readable_int(str(value))
+    except ValueError:
+        return str(value)
+
+
+def argv_mismatch(given, recorded, probe_only):
+    """The options in which the argv and the recording's differ: "key: argv X, recorded Y"."""
+    skip = NODE_ARGS | set(probe_only)
+    out = []
+    for key in sorted((set(given) | set(recorded)) - skip):
+        a, r = given.get(key), recorded.get(key)
+        if a is None or r is None or _norm(a) != _norm(r):
+            out.append(f"{key}: argv {'unset' if a is None else a!r}, recorded "
+                       f"{'unset' if r is None else r!r}")
+    return out
+
+
+def check_recording(opts, recording, path):
+    """Refuse to replay a recording made with other arguments than this argv."""
+    recorded = recorded_args(path)
+    if recorded is None:
+        raise Refusal(f"{ME}: {recording['file']} has no `non-default args` line: cannot tell "
+                      f"what the recorded engine was started with")
+    differ = argv_mismatch(opts["given"], recorded, recording.get("probe_only_args", ()))
+    if differ:
+        raise Refusal(f"{ME}: {recording['file']} was recorded with other arguments than this "
+                      f"argv ({'; '.join(differ)}): record this argv on a GPU node "
+                      f"(tests/device/), a replay would show another engine's start")
 
 
 def replay_instead():
@@ -832,6 +892,8 @@ def main(argv=None):
         fail_file, failing = fail_versions()
         if version in failing:
             return simulated_crash(lines, version, fail_file)
+        if not replay_instead():  # a test's deliberate other combination differs by design
+            check_recording(opts, recording, os.path.join(data, recording["file"]))
         return serve(opts, version, lines, recording)
     except Refusal as refusal:
         sys.stdout.flush()

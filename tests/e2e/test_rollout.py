@@ -339,9 +339,16 @@ def vllm_026(testbed):
     pyinfra(INVENTORY, BF16, limit="spark-1", timeout=3600)
 
 
+# 0.26.0 as recorded on the H200 (tests/fixtures/h200/vllm/0.26.0_patched_flag.vllm.log): served
+# as "tiny", with --enforce-eager. The stand-in replays a recording only for the argv it was made
+# with, so the release asks for exactly that.
+V026 = ["--data", "vllm_version=0.26.0", "--data", "served_model_name=tiny",
+        "--data", 'vllm_extra_args=["--enforce-eager"]']
+
+
 def test_vllm_0_24_to_0_26_upgrades_then_rolls_back_when_0_26_fails(vllm_026, th):
     host, unit = "spark-1", "/etc/systemd/system/servefleet-vllm.service"
-    rc, report, err = rollout("--data", "vllm_version=0.26.0", deploy=BF16, limit=[host])
+    rc, report, err = rollout(*V026, deploy=BF16, limit=[host])
     assert rc == 0, (report, err[-3000:])
     assert report["hosts"][host]["result"] == "upgraded"
     # The stand-in's speed means nothing: no performance gate for these hosts (testbed data).
@@ -351,6 +358,7 @@ def test_vllm_0_24_to_0_26_upgrades_then_rolls_back_when_0_26_fails(vllm_026, th
     assert current["version"] == "0.26.0" and current["prefix"].endswith("/vllm-0.26.0")
     journal = th(host).check_output("journalctl -u servefleet-vllm -o cat --no-pager -n 400")
     assert "Initializing a V1 LLM engine (v0.26.0)" in journal  # 0.26.0's own recorded lines
+    assert "--enforce-eager" in current["unit_text"] and "'enforce_eager': True" in journal
     # Both venvs are kept: 0.24.0 can serve again without installing anything.
     assert th(host).file(f"{ROOT}/venvs/vllm-0.24.0/bin/python").exists
 
@@ -359,7 +367,7 @@ def test_vllm_0_24_to_0_26_upgrades_then_rolls_back_when_0_26_fails(vllm_026, th
     th(host).run("mkdir -p /etc/servefleet-standin && echo 0.26.0 > "
                  "/etc/servefleet-standin/fail-versions")
     try:
-        rc, report, err = rollout("--data", "vllm_version=0.26.0", deploy=BF16, limit=[host])
+        rc, report, err = rollout(*V026, deploy=BF16, limit=[host])
     finally:
         th(host).run("rm -f /etc/servefleet-standin/fail-versions")
     assert rc == 1, (report, err[-3000:])

@@ -33,6 +33,7 @@ FIXTURES = standin_install.FIXTURES
 INDEX = json.loads((FIXTURES / "index.json").read_text())
 PROBE_CONFIG_SHA = "de6a25f5380f35dfbd5c36b13931e88448c579f578fc7a65a356c9d14e5bde33"
 GIB = 1 << 30
+NAME = "Qwen/Qwen-AgentWorld-35B-A3B"  # the served name of the HTTP tests' recording (0.24.0)
 # (max_model_len, kv bytes) -> the real engine's KV lines on the H200 (same for 0.24.0, 0.26.0)
 KV_LINES = {
     (4096, 2 * GIB): ("GPU KV cache size: 2,957,684 tokens",
@@ -68,8 +69,24 @@ def model_dir(tmp_path_factory) -> Path:
     return model
 
 
-def serve_argv(model: Path, port: int, max_model_len=4096, kv=2 * GIB, extra=()) -> list[str]:
-    argv = ["serve", str(model), "--served-model-name", "tiny", "--dtype", "bfloat16",
+def recorded(version: str, max_model_len, kv) -> dict:
+    """The `non-default args` the H200 recording for this combination was started with ({}
+    when none is recorded)."""
+    for rec in INDEX["recordings"]:
+        if (rec["vllm_version"], rec["max_model_len"], rec["kv_cache_memory_bytes"]) == (
+                version, max_model_len, kv):
+            return vllm_standin.recorded_args(str(FIXTURES / rec["file"]))
+    return {}
+
+
+def serve_argv(model: Path, port: int, max_model_len=4096, kv=2 * GIB, extra=(),
+               version="0.24.0") -> list[str]:
+    """The unit's argv, with the served name and eager mode of the recording it replays (the
+    stand-in refuses a recording made with other arguments)."""
+    rec = recorded(version, max_model_len, kv)
+    name = rec.get("served_model_name", ["tiny"])[0]
+    extra = (["--enforce-eager"] if rec.get("enforce_eager") else []) + list(extra)
+    argv = ["serve", str(model), "--served-model-name", name, "--dtype", "bfloat16",
             "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", str(port),
             "--language-model-only"]
     if kv is not None:
@@ -152,7 +169,8 @@ def started(tmp_path, model_dir):
 
     def start(version="0.24.0", max_model_len=4096, kv=2 * GIB, extra=(), env=None):
         port = free_port()
-        run = Run(tmp_path / f"run{len(runs)}", serve_argv(model_dir, port, max_model_len, kv, extra),
+        run = Run(tmp_path / f"run{len(runs)}",
+                  serve_argv(model_dir, port, max_model_len, kv, extra, version),
                   version=version, env=env)
         runs.append(run)
         wait_healthy(run, port)
@@ -308,11 +326,34 @@ def test_unknown_flag_is_refused_before_anything(tmp_path, model_dir, extra, nam
     assert named in err[0].split(": ")[-1].split()
 
 
-def test_real_vllm_flags_are_accepted(started):
-    """Flags from the help text (both spellings of booleans, `_` for `-`, dotted JSON) pass."""
-    run, port = started(extra=["--gdn-prefill-backend", "triton", "--enforce-eager",
-                               "--no-enable-log-requests", "--max_num_seqs", "8",
-                               "-cc.mode=none", "--disable-log-stats"])
+def test_real_vllm_flags_are_parsed_then_compared_with_the_recording(tmp_path, model_dir):
+    """Flags from the help text (both spellings of booleans, `_` for `-`, dotted JSON) parse;
+    those the recording was not started with are refused by name: its journal would show
+    another engine's start. --gdn-prefill-backend is the probe's own (index: probe_only_args)."""
+    run = Run(tmp_path / "run", serve_argv(model_dir, free_port(), extra=[
+        "--gdn-prefill-backend", "triton", "--enforce-eager", "--no-enable-log-requests",
+        "--max_num_seqs", "8", "-cc.mode=none", "--disable-log-stats"]))
+    assert run.wait() == 1 and run.stdout == ""  # nothing replayed
+    (line,) = run.stderr.strip().splitlines()
+    assert "unrecognized" not in line and "0.24.0_4096_2GiB.vllm.log was recorded with other " \
+        "arguments than this argv" in line
+    for differs in ("enforce_eager: argv True, recorded 'unset'", "max_num_seqs: argv '8'",
+                    "no_enable_log_requests: argv True", "disable_log_stats: argv True"):
+        assert differs in line
+    assert "gdn_prefill_backend" not in line
+
+
+def test_a_recording_made_with_another_served_name_is_refused(tmp_path, model_dir):
+    argv = serve_argv(model_dir, free_port())
+    argv[argv.index("--served-model-name") + 1] = "tiny"
+    run = Run(tmp_path / "run", argv)
+    assert run.wait() == 1 and run.stdout == ""
+    assert "served_model_name: argv ['tiny'], recorded ['Qwen/Qwen-AgentWorld-35B-A3B']" \
+        in run.stderr
+
+
+def test_the_probe_only_flag_is_accepted(started):
+    run, port = started(extra=["--gdn-prefill-backend", "triton"])
     assert call(port, "GET", "/health")[0] == 200
 
 
@@ -374,14 +415,14 @@ def test_health_and_models(server):
     status, models = call(server, "GET", "/v1/models")
     assert status == 200 and models["object"] == "list"
     (card,) = models["data"]
-    assert card["id"] == "tiny" and card["object"] == "model" and card["owned_by"] == "vllm"
+    assert card["id"] == NAME and card["object"] == "model" and card["owned_by"] == "vllm"
     assert card["max_model_len"] == 3000
     assert call(server, "GET", "/version")[1] == {"version": "0.24.0"}
     assert call(server, "GET", "/nope") == (404, {"detail": "Not Found"})
     assert call(server, "GET", "/v1/chat/completions")[0] == 405
 
 
-@pytest.mark.parametrize("body", [{"prompt": "hello world"}, {"model": "tiny", "prompt": "hello world"},
+@pytest.mark.parametrize("body", [{"prompt": "hello world"}, {"model": NAME, "prompt": "hello world"},
                                   {"content": "hello world", "prompt": "hello world"}])
 def test_tokenize(server, body):
     status, answer = call(server, "POST", "/tokenize", body)
@@ -394,10 +435,10 @@ def test_tokenize(server, body):
 
 def test_chat_non_streaming(server):
     messages = [{"role": "user", "content": "Say hello in one word."}]
-    count = call(server, "POST", "/tokenize", {"model": "tiny", "messages": messages})[1]["count"]
+    count = call(server, "POST", "/tokenize", {"model": NAME, "messages": messages})[1]["count"]
     status, answer = call(server, "POST", "/v1/chat/completions",
-                          {"model": "tiny", "messages": messages, "max_tokens": 16, "temperature": 0})
-    assert status == 200 and answer["object"] == "chat.completion" and answer["model"] == "tiny"
+                          {"model": NAME, "messages": messages, "max_tokens": 16, "temperature": 0})
+    assert status == 200 and answer["object"] == "chat.completion" and answer["model"] == NAME
     (choice,) = answer["choices"]
     assert choice["finish_reason"] == "length"
     assert choice["message"]["role"] == "assistant"
@@ -424,7 +465,7 @@ def test_chat_streaming_with_usage(server):
     messages = [{"role": "user", "content": "hello " * 50}]
     count = call(server, "POST", "/tokenize", {"messages": messages})[1]["count"]
     status, payload = call(server, "POST", "/v1/chat/completions", {
-        "model": "tiny", "messages": messages, "stream": True, "stream_options": {"include_usage": True},
+        "model": NAME, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
         "temperature": 0, "ignore_eos": True, "max_tokens": 64}, raw=True)
     assert status == 200
     chunks = sse_chunks(payload)
