@@ -38,6 +38,7 @@ prints the first startup lines and then exits 1 with an engine-core traceback, o
 Data dir: <this file's dir>/standin-data/, or $SERVEFLEET_STANDIN_DATA.
 """
 
+import ast
 import glob
 import hashlib
 import http.server
@@ -308,7 +309,6 @@ NODE_ARGS = {"model_tag", "model", "host", "port", "api_key"}
 
 def recorded_args(path):
     """The recording's `non-default args: {...}` (vLLM's own log line), or None."""
-    import ast
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if "non-default args: " in line:
