@@ -171,6 +171,18 @@ def wait_ready(record: HostRecord, timeout: float = 60) -> str:
     return out.stdout.strip() or out.stderr.strip()
 
 
+def restart_failed_units(record: HostRecord) -> list[str]:
+    """The units that failed while the guest booted, restarted once (a boot beside a loaded
+    test session can time a unit out); returns their names."""
+    out = subprocess.run([*ssh_args(record), "systemctl", "--failed", "--no-legend", "--plain"],
+                         capture_output=True, text=True)
+    failed = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+    if failed:
+        subprocess.run([*ssh_args(record), "systemctl", "reset-failed", *failed, "&&",
+                        "systemctl", "restart", *failed], capture_output=True, text=True)
+    return failed
+
+
 def system_state(record: HostRecord) -> str:
     out = subprocess.run([*ssh_args(record), "systemctl", "is-system-running"],
                          capture_output=True, text=True)

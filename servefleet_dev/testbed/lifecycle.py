@@ -89,6 +89,11 @@ def _boot(state: TestbedState, names: list[str], log) -> None:
     save_state(state)
     with ThreadPoolExecutor(max_workers=max(1, len(started))) as pool:
         for rec, sysstate in zip(started, pool.map(hosts.wait_ready, started)):
+            if sysstate == "degraded":  # seen once in CI: a unit failed at boot, sshd with it
+                failed = hosts.restart_failed_units(rec)
+                sysstate = hosts.wait_ready(rec)
+                log(f"{rec.name}: {', '.join(failed) or 'no unit'} failed at boot, restarted: "
+                    f"systemd {sysstate}")
             if sysstate not in ("running", "degraded"):
                 raise RuntimeError(f"testbed host {rec.name}: systemd is {sysstate!r}")
             log(f"{rec.name} ({rec.role}) {rec.address}: systemd {sysstate}")
