@@ -37,7 +37,7 @@ from servefleet.core.batch import split_batch
 
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # host -> [keys]
 _ANSWERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # host -> {key: value}
-_LAST_OP: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # host -> op hash
+_LAST_OP: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # host -> (state, op hash)
 
 
 class _ForgetAfterCommands(BaseStateCallback):
@@ -46,12 +46,13 @@ class _ForgetAfterCommands(BaseStateCallback):
 
     @staticmethod
     def operation_host_start(state, host, op_hash):
+        # The last operation of this run: one process may run several (the demo, rebuild,
+        # rollout), and a host of a later run can be the same key as one of an earlier run.
         last = _LAST_OP.get(host)
-        if last is not None:
-            meta = state.get_op_data_for_host(host, last).operation_meta
-            if meta.executed:
-                forget(host)
-        _LAST_OP[host] = op_hash
+        done = state.ops.get(host, {}).get(last[1]) if last and last[0]() is state else None
+        if done is not None and done.operation_meta.executed:
+            forget(host)
+        _LAST_OP[host] = (weakref.ref(state), op_hash)
 
 
 def _frozen(value):

@@ -111,3 +111,42 @@ def test_a_fact_that_checks_for_its_command_reads_as_pyinfra_reads_it():
                           (NeedsTool, {"tool": "dpkg"})])
     assert got[keys[0]] == []  # missing: the default, not the marker
     assert got[keys[2]] and "dpkg" in got[keys[2]][0]
+
+
+class _Host:  # a weakref-able stand-in for pyinfra's Host
+    name = "spark-1"
+
+
+class _Meta:
+    def __init__(self, executed):
+        self.executed = executed
+
+
+class _OpData:
+    def __init__(self, executed):
+        self.operation_meta = _Meta(executed)
+
+
+class _State:
+    def __init__(self, host, ops):
+        self.ops = {host: {h: _OpData(x) for h, x in ops.items()}}
+
+
+def test_a_second_run_in_one_process_does_not_look_up_the_first_runs_operation(monkeypatch):
+    """The demo, rebuild and rollout converge several deploys in one process: the host's last
+    operation of an earlier run is not one of this run's (was: KeyError on the demo's second
+    deploy, README's first command)."""
+    forgotten = []
+    monkeypatch.setattr(batch, "forget", lambda host: forgotten.append(host))
+    host = _Host()
+    first = _State(host, {"a": True})
+    batch._ForgetAfterCommands.operation_host_start(first, host, "a")
+    second = _State(host, {"b": False, "c": False})
+    batch._ForgetAfterCommands.operation_host_start(second, host, "b")  # no KeyError
+    assert forgotten == []
+    batch._ForgetAfterCommands.operation_host_start(second, host, "c")  # b ran nothing
+    assert forgotten == []
+    third = _State(host, {"d": True, "e": False})
+    batch._ForgetAfterCommands.operation_host_start(third, host, "d")
+    batch._ForgetAfterCommands.operation_host_start(third, host, "e")  # d ran commands
+    assert forgotten == [host]
