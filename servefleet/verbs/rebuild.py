@@ -37,8 +37,7 @@ def plan(inventory: str, limit: list[str], max_hosts: int, data: dict | None = N
                              f"--limit selects {len(names)} hosts ({', '.join(names)}), more than "
                              f"--max-hosts {max_hosts}; name the hosts or raise --max-hosts")
     if unreachable:
-        return RebuildResult(names, Exit.UNREACHABLE, "cannot reach " + ", ".join(
-            f"{n} ({why})" for n, why in unreachable.items()) + "; nothing was changed")
+        return RebuildResult(names, Exit.UNREACHABLE, api.cannot_reach(unreachable))
     return RebuildResult(names, Exit.OK)
 
 

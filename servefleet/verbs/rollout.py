@@ -167,9 +167,8 @@ class Rollout:
                 return None
             gone = {n: why for n, why in sess.unreachable.items() if n in names}
             if gone:
-                self.report.refused, self.report.message = Exit.UNREACHABLE, (
-                    "cannot reach " + ", ".join(f"{n} ({w})" for n, w in gone.items())
-                    + "; nothing was changed")
+                self.report.refused, self.report.message = (Exit.UNREACHABLE,
+                                                            api.cannot_reach(gone))
                 return None
 
             def look(host):
@@ -352,9 +351,7 @@ def rollback(inventory: str, limit: list[str], data: dict | None,
     with api.session(inventory, limit, data, deploy=ROLLBACK) as sess:
         gone = dict(sess.unreachable)
     if gone:  # as a rollout: all selected hosts or none
-        report.refused, report.message = Exit.UNREACHABLE, (
-            "cannot reach " + ", ".join(f"{n} ({w})" for n, w in gone.items())
-            + "; nothing was changed")
+        report.refused, report.message = Exit.UNREACHABLE, api.cannot_reach(gone)
         return report
     outcomes = api.converge(inventory, ROLLBACK, limit, {**(data or {}), "previous_release": True})
     if not outcomes:

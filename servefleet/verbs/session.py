@@ -208,6 +208,12 @@ def session(inventory_path: str, limit: list[str] | None = None, data: dict | No
         pyinfra_logger.level, pyinfra_logger.propagate, pyinfra_logger.handlers = saved
 
 
+def cannot_reach(unreachable: dict[str, str]) -> str:
+    """The one line of a verb that refuses because hosts are unreachable (exit 3)."""
+    return ("cannot reach " + ", ".join(f"{n} ({why})" for n, why in unreachable.items())
+            + "; nothing was changed")
+
+
 @dataclass
 class HostOutcome:
     name: str
