@@ -46,7 +46,7 @@ perf_gate_prompt_tokens = 256  # prompt of each gate bench request, in tokens (T
 perf_gate_max_tokens = 64  # tokens decoded by each gate bench request (decode tok/s)
 perf_gate_decode_drop_pct = 10  # fail when median decode tok/s falls more than this % below the baseline; None: not checked
 perf_gate_ttft_rise_pct = 25  # fail when median TTFT rises more than this % above the baseline; None: not checked
-perf_gate_recheck_pct = 5  # a change within this many points of a threshold is measured once more, and that counts
+perf_gate_recheck_pct = 5  # a change within this many points of a threshold is not a clear pass: measured once more, the best of the two counts
 
 # --- Models ---------------------------------------------------------------------------------
 hf_endpoint = "https://huggingface.co"  # Hugging Face hub or a mirror speaking its API

@@ -1,8 +1,8 @@
 """`servefleet rollout INVENTORY DEPLOY [--batch N|P%] [--max-failures K] [--limit ...]
 [--data KEY=VALUE ...] [--no-perf-gate] [--json]`: upgrade the fleet batch by batch, each host
 gated by its health check and its performance against a baseline measured just before, a failed
-host rolled back to its previous release. Exit 0 all upgraded, 1 some rolled back or untouched,
-4 a host needs attention (docs/day2.md, Exit codes)."""
+host rolled back to its previous release. Exit 0 all upgraded, 1 some rolled back, untouched or
+held on the new release because the performance gate was inconclusive, 4 a host needs attention (docs/day2.md, Exit codes)."""
 
 from __future__ import annotations
 

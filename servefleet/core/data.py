@@ -117,6 +117,11 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
     if key_problem:
         problems.append(f"key 'depot_ssh_key' from {host.source_of('depot_ssh_key')}: "
                         f"{key_problem}")
+    if data.get("perf_gate", True) and data.get("perf_gate_decode_drop_pct") is None \
+            and data.get("perf_gate_ttft_rise_pct") is None:
+        problems.append("keys 'perf_gate_decode_drop_pct' and 'perf_gate_ttft_rise_pct' are both "
+                        "None: a gate that checks nothing would pass any release (set one, or "
+                        "perf_gate = False to switch the gate off)")
     problems += account_problems(host, data)
     for key in OWNED:
         if serving:

@@ -6,15 +6,22 @@ first token, with the workload that measured them and when. A release record on 
 (core.releases.Release.perf) keeps the last figures measured on that release.
 
 The verdict: decode may fall by at most `decode_drop_pct` % of the baseline, TTFT rise by at
-most `ttft_rise_pct` %; a figure whose change lies within `recheck_pct` points of its threshold
-(on either side) is borderline and measured once more before it counts.
+most `ttft_rise_pct` %. The gate's rule (verbs/perfgate.py) runs on top of compare(): a result
+that does not pass clearly (a figure beyond its threshold, within `recheck_pct` points of it, or
+not measured) is measured once more, and the host's speed is the best of the two measurements
+(best()). Noise on a node is one-sided: a busy CPU, a cold cache or a just-restarted server only
+ever make a request slower, never faster, so a release is slower only when even its best
+measurement is. A figure that still cannot be measured makes the verdict inconclusive, never a
+pass.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
 
-PASS, FAIL, BORDERLINE = "pass", "fail", "borderline"
+from dataclasses import asdict, dataclass, field, replace
+
+PASS, FAIL, BORDERLINE, INCONCLUSIVE = "pass", "fail", "borderline", "inconclusive"
 KEYS = ("perf_gate", "perf_gate_runs", "perf_gate_prompt_tokens", "perf_gate_max_tokens",
         "perf_gate_decode_drop_pct", "perf_gate_ttft_rise_pct", "perf_gate_recheck_pct")
 
@@ -89,12 +96,35 @@ class Figures:
         return f"{decode} tok/s, TTFT {self.ttft_s:.3f} s"
 
 
+def measured(value) -> float | None:
+    """A figure as a number, or None where it was not measured: missing, not a number, NaN,
+    infinite, zero or negative all mean that nothing was measured."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
 def figures(raw: dict, workload: Workload, when: str, kind: str, rollout: str,
-            seconds: float) -> Figures:
-    """Figures from the bench's JSON line (median_decode_tok_s, median_ttft_s, runs)."""
-    runs = tuple((r.get("decode_tok_s"), r.get("ttft_s")) for r in raw.get("runs") or [])
-    return Figures(raw.get("median_decode_tok_s"), float(raw["median_ttft_s"]), when,
+            seconds: float) -> Figures | str:
+    """Figures from the bench's JSON line (median_decode_tok_s, median_ttft_s, runs), or why
+    they cannot be figures (no time to first token was measured)."""
+    ttft = measured(raw.get("median_ttft_s"))
+    if ttft is None:
+        return f"the bench measured no time to first token ({raw.get('median_ttft_s')!r:.40})"
+    runs = tuple((measured(r.get("decode_tok_s")), measured(r.get("ttft_s")))
+                 for r in raw.get("runs") or [] if isinstance(r, dict))
+    return Figures(measured(raw.get("median_decode_tok_s")), ttft, when,
                    workload.to_json(), kind, rollout, runs, round(seconds, 2))
+
+
+def best(first: Figures, second: Figures) -> Figures:
+    """The faster of two measurements of one release, figure by figure (the higher decode, the
+    lower TTFT): what the release can do when nothing else slows it down."""
+    decodes = [d for d in (first.decode_tok_s, second.decode_tok_s) if d is not None]
+    return replace(second, decode_tok_s=max(decodes) if decodes else None,
+                   ttft_s=min(first.ttft_s, second.ttft_s),
+                   runs=tuple(first.runs) + tuple(second.runs),
+                   seconds=round(first.seconds + second.seconds, 2))
 
 
 def change_pct(before: float | None, after: float | None) -> float | None:
@@ -105,7 +135,7 @@ def change_pct(before: float | None, after: float | None) -> float | None:
 
 @dataclass(frozen=True)
 class Verdict:
-    state: str  # pass | fail | borderline
+    state: str  # pass | fail | borderline | inconclusive
     failed: tuple[str, ...]  # "decode", "TTFT"
     lines: tuple[str, ...]  # one per figure compared, both values
 
@@ -115,17 +145,19 @@ class Verdict:
 
 
 def compare(before: Figures, after: Figures, th: Thresholds) -> Verdict:
-    """after against before. Decode falls (negative change) and TTFT rises (positive) count."""
+    """after against before. Decode falls (negative change) and TTFT rises (positive) count.
+    A checked figure missing on either side makes it inconclusive (unless another failed)."""
     checks = (("decode", before.decode_tok_s, after.decode_tok_s, "tok/s", ".1f",
                None if th.decode_drop_pct is None else -th.decode_drop_pct),
               ("TTFT", before.ttft_s, after.ttft_s, "s", ".3f", th.ttft_rise_pct))
-    failed, lines, borderline = [], [], False
+    failed, lines, borderline, unmeasured = [], [], False, False
     for name, b, a, unit, fmt, limit in checks:
         if limit is None:
             continue
-        change = change_pct(b, a)
+        change = change_pct(measured(b), measured(a))
         if change is None:
-            lines.append(f"{name} not compared ({_v(b, fmt)} -> {_v(a, fmt)} {unit})")
+            lines.append(f"{name} not measured ({_v(b, fmt)} -> {_v(a, fmt)} {unit})")
+            unmeasured = True
             continue
         worse = change < limit if limit < 0 else change > limit
         lines.append(f"{name} {_v(b, fmt)} -> {_v(a, fmt)} {unit} ({change:+.1f} %, limit "
@@ -134,12 +166,13 @@ def compare(before: Figures, after: Figures, th: Thresholds) -> Verdict:
             failed.append(name)
         if abs(change - limit) <= th.recheck_pct:
             borderline = True
-    state = BORDERLINE if borderline else FAIL if failed else PASS
+    state = (FAIL if failed and not borderline else BORDERLINE if borderline
+             else INCONCLUSIVE if unmeasured else PASS)
     return Verdict(state, tuple(failed), tuple(lines))
 
 
 def _v(value, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+    return "-" if measured(value) is None else format(value, fmt)
 
 
 def cv_pct(values) -> float | None:

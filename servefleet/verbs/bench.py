@@ -109,6 +109,9 @@ def compare_host(host, runs=None, prompt_tokens=None, max_tokens=None) -> Compar
            "runs": res.runs}
     now = perf.figures(raw, w, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "bench", "",
                        time.monotonic() - started)
+    if isinstance(now, str):
+        out.error = now
+        return out
     out.ok, out.now = True, now.to_json()
     then = perf.Figures.from_json(out.previous)
     if then is None:

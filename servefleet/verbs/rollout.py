@@ -29,7 +29,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from servefleet.core import contract
+from servefleet.core import contract, perf
 from servefleet.core.data import recipe_of
 from servefleet.core.errors import DataError, Exit
 from servefleet.core.layout import NodeLayout
@@ -43,6 +43,9 @@ from servefleet.verbs.perfgate import OFF_BY_FLAG, PerfGate
 ROLLBACK = "deploys/rollback.py"
 UPGRADED, ROLLED_BACK, UNTOUCHED, ATTENTION = ("upgraded", "rolled back", "untouched",
                                                "needs attention")
+# Healthy on the new release, but the performance gate could not tell whether it is slower:
+# the host stays on it, and it counts neither as upgraded nor as failed.
+INCONCLUSIVE = "inconclusive"
 
 
 @dataclass
@@ -226,8 +229,9 @@ class Rollout:
         return {n: (r if not isinstance(r, Exception) else (False, str(r), 0.0))
                 for n, r in results.items()}
 
-    def _perf_gate(self, healthy: list[str]) -> list[str]:
-        """The performance gate of the hosts that passed their health gate: those it failed."""
+    def _perf_gate(self, healthy: list[str]) -> tuple[list[str], list[str]]:
+        """The performance gate of the hosts that passed their health gate: (those it failed,
+        those it could not judge)."""
         for name, rec in self.report.hosts.items():
             base = self.perf.baselines.get(name)
             rec.perf = self.perf.off.get(name, rec.perf)
@@ -240,19 +244,20 @@ class Rollout:
         todo = [n for n in healthy if n in self.perf.baselines and n not in same
                 and n not in self.perf.off]
         if not todo:
-            return []
+            return [], []
         with self.session(todo) as sess:
             results = self.perf.check(sess, todo)
-        failed = []
+        failed, held = [], []
         for name in todo:
             rec = self.report.hosts[name]
-            ok, said, after = results.get(name, (False, "performance gate: not run", None))
+            state, said, after = results.get(
+                name, (perf.INCONCLUSIVE, "performance gate inconclusive: not run", None))
             rec.perf, rec.perf_after = said, after.to_json() if after else None
             rec.perf_s = self.perf.seconds.get(name)
-            if not ok:
+            if state != perf.PASS:
                 rec.detail = "; ".join(x for x in (rec.detail, said) if x)
-                failed.append(name)
-        return failed
+                (failed if state == perf.FAIL else held).append(name)
+        return failed, held
 
     def _rollback(self, names: list[str], slower: list[str]) -> None:
         """Serve the previous release again on `names`. The hosts in `slower` run the new
@@ -321,11 +326,14 @@ class Rollout:
                     else:
                         rec.detail = f"gate: {said}"
                         failed.append(name)
-                slower = self._perf_gate(healthy)
+                slower, held = self._perf_gate(healthy)
                 failed += slower
                 for name in healthy:
                     rec = self.report.hosts[name]
-                    if name not in failed:
+                    if name in held:
+                        rec.result = INCONCLUSIVE
+                        self.say(f"{name}: held on {rec.to_release}, healthy; {rec.perf}")
+                    elif name not in failed:
                         rec.result = UPGRADED
                         self.say(f"{name}: upgraded to {rec.to_release} (gate {rec.gate_s} s)"
                                  + "".join(f"; {x}" for x in (rec.detail, rec.perf) if x))
