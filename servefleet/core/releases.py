@@ -34,10 +34,15 @@ class Release:
     # The last bench figures measured on it by a performance-gated rollout (core.perf.Figures
     # as JSON); measured, not what serves: not part of the id.
     perf: dict | None = None
+    # The sandbox probe's command for its unit (servefleet.core.sandbox): a rollback runs it
+    # under this unit's sandbox before restarting into it. Derived from what serves, not part
+    # of the id (releases recorded before it existed keep theirs).
+    probe_argv: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
-        doc = {k: v for k, v in asdict(self).items() if k not in ("recorded_at", "perf")}
+        doc = {k: v for k, v in asdict(self).items()
+               if k not in ("recorded_at", "perf", "probe_argv")}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
     @property

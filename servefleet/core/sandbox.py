@@ -157,6 +157,53 @@ EXPLAIN_AWK = shlex.quote(
     r'mount of the sandbox failed)"; print last ((last != "" && verdict != "") ? "; " : "") verdict }')
 
 
+# --- a recorded unit's sandbox, read back: a rollback probes the unit it restarts into ---------
+
+SANDBOX_KEYS = frozenset(key for key, _ in properties(["/"], gpu=True,
+                                                       memory_deny_write_execute=True))
+
+
+class UnitReadError(ValueError):
+    """A recorded unit file that does not say what the probe needs."""
+
+
+def unit_sandbox(unit_text: str) -> tuple[str, list[tuple[str, str]], list[str], bool]:
+    """(User=, the sandbox settings in file order, the Environment= words, gpu) of a unit
+    file's [Service] section, as properties() and the templates wrote them; gpu when the unit
+    allows devices (DeviceAllow= is written for the GPU only)."""
+    section, user, props, env = None, None, [], []
+    for line in unit_text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        key, sep, value = line.partition("=")
+        if section != "Service" or not sep:
+            continue
+        if key == "User":
+            user = value
+        elif key == "Environment":
+            env.append(value)
+        elif key in SANDBOX_KEYS:
+            props.append((key, value))
+    if not user or not any(k == "DevicePolicy" for k, _ in props):
+        raise UnitReadError("the recorded unit has no User= or no sandbox (DevicePolicy=)")
+    return user, props, env, any(k == "DeviceAllow" for k, _ in props)
+
+
+def version_argv(unit_text: str) -> list[str]:
+    """The unit's ExecStart= program asked for its version: the probe of a release recorded
+    before releases carried their own (servefleet.core.releases.Release.probe_argv)."""
+    for line in unit_text.splitlines():
+        if line.startswith("ExecStart="):
+            words = line.removeprefix("ExecStart=").split()  # the program: a plain path
+            if words and words[0].startswith("/"):
+                return [words[0], "--version"]
+    raise UnitReadError("the recorded unit has no ExecStart= with an absolute program")
+
+
 def vllm_probe_argv(venv_python: str, executable: str, gpu: bool) -> list[str]:
     """GPU node: the venv's torch initialises CUDA and names the device. Without a GPU (the
     testbed): the executable the unit starts, asked for its version."""

@@ -11,6 +11,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from servefleet.core import releases as rel
+from servefleet.core import sandbox
 from servefleet.facts import batch
 from servefleet.facts.releases import NodeReleases, RunningRelease
 from servefleet.operations.node import fail_host, upload
@@ -69,6 +70,10 @@ def rollback(releases_file: str, running_file: str, unit_dir: str, llama_current
     + force_previous: go back to the previous release even from a healthy current one (an
       operator's `servefleet rollback`)
 
+    Before anything changes, the release's own unit sandbox is probed (its recorded probe,
+    servefleet.core.sandbox), as every converge does before a restart: a unit the node can no
+    longer run fails this host and the running service is left as it is.
+
     Fails this host when there is no previous release. The health gate is the caller's.
 
     **Example:**
@@ -92,6 +97,13 @@ def rollback(releases_file: str, running_file: str, unit_dir: str, llama_current
                         + (f" (current: {current.describe})" if current else ""))
         return
     target = back.current
+    try:
+        probe = _probe(target)
+    except sandbox.UnitReadError as exc:
+        yield fail_host(f"{host.name}: cannot probe {target.describe} before restarting into "
+                        f"it: {exc}; nothing was changed")
+        return
+    yield StringCommand("sh", "-c", shlex.quote(probe))
     yield from upload._inner(dest=f"{unit_dir}/{target.unit}", content=target.unit_text,
                              mode="644")
     if target.engine == "llama.cpp":
@@ -103,6 +115,17 @@ def rollback(releases_file: str, running_file: str, unit_dir: str, llama_current
     yield from upload._inner(dest=releases_file, content=back.dumps(), mode="644")
     yield from upload._inner(dest=running_file, content=json.dumps({"release": target.id}) + "\n",
                              mode="644")
+
+
+def _probe(target: rel.Release) -> str:
+    """The probe script of the release's unit: its recorded probe command (or, for a release
+    recorded before releases carried one, its program's --version) under its own sandbox."""
+    user, props, environment, gpu = sandbox.unit_sandbox(target.unit_text)
+    argv = target.probe_argv
+    if not (isinstance(argv, (list, tuple)) and all(isinstance(a, str) for a in argv)):
+        raise sandbox.UnitReadError("its recorded probe is not a list of words")
+    return sandbox.probe_script(target.unit, user, props, environment,
+                                list(argv) or sandbox.version_argv(target.unit_text), gpu)
 
 
 @operation()

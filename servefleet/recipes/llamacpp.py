@@ -144,11 +144,12 @@ def service(built: Build, run: ModelRun) -> ServiceRun:
     key = serving.api_key()
     data = base.data()
     context = logic.unit_context(data, run.path, override_kv(run.path))
+    probe = logic.probe_argv(data)
     release_of = releases.build(engine=logic.ENGINE, version=data["llamacpp_tag"],
                                 prefix=built.prefix, unit=logic.UNIT, template=UNIT_TEMPLATE,
                                 context=context, model_dir=run.path, gate=gate_args(),
-                                commit=data["llamacpp_commit"])
-    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of, logic.probe_argv(data),
+                                probe_argv=probe, commit=data["llamacpp_commit"])
+    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of, probe,
                            depends_on=[built.build, built.switch, run, key])
 
 

@@ -16,9 +16,10 @@ from servefleet.core.systemd import render_unit
 
 
 def build(engine: str, version: str, prefix: str, unit: str, template: str, context: dict,
-          model_dir: str, gate: dict, commit: str | None = None):
+          model_dir: str, gate: dict, probe_argv: list[str], commit: str | None = None):
     """() -> Release, read when the record operation runs (the model's sha from its record).
-    gate: the release's health check (a rollout gates it, after a rollback too)."""
+    gate: the release's health check (a rollout gates it, after a rollback too).
+    probe_argv: the unit's sandbox probe (a rollback to this release runs it first)."""
     data = base.data()
 
     def release() -> Release:
@@ -27,7 +28,7 @@ def build(engine: str, version: str, prefix: str, unit: str, template: str, cont
                        unit_text=render_unit(template, context), model_repo=data["model_repo"],
                        model_revision=data["model_revision"], model_sha=record.get("sha"),
                        model_dir=model_dir, data_digest=serving_digest(data), commit=commit,
-                       gate=gate)
+                       gate=gate, probe_argv=tuple(probe_argv))
 
     return release
 

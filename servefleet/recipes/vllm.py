@@ -139,11 +139,12 @@ def service(env: PythonEnv, run: ModelRun, depends_on: list) -> ServiceRun:
     executable_check(data)
     key = serving.api_key(base.layout().vllm_env_file, "VLLM_API_KEY")
     context = logic.unit_context(data, run.path)
+    probe = logic.probe_argv(data)
     release_of = releases.build(engine=logic.ENGINE, version=data["vllm_version"], prefix=env.venv,
                                 unit=logic.UNIT, template=UNIT_TEMPLATE, context=context,
-                                model_dir=run.path, gate=gate_args(run.path))
+                                model_dir=run.path, gate=gate_args(run.path), probe_argv=probe)
     # Positional: `name=` would be taken by pyinfra as the deploy's display name.
-    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of, logic.probe_argv(data),
+    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of, probe,
                            depends_on=[env.create, env.install, *depends_on, run, key])
 
 

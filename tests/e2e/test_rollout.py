@@ -325,6 +325,40 @@ def test_rollback_by_hand_then_converge_returns_to_the_data(llama_fleet, th):
     assert current["version"] == NEWER and records(th, host)["rolled_back_from"] is None
 
 
+def test_a_rollback_into_a_unit_its_sandbox_refuses_is_stopped_by_the_probe(llama_fleet, th):
+    """A rollback restarts into the recorded unit only after that unit's own sandbox ran its
+    probe: a previous release whose unit the engine cannot live with (a system-call filter
+    without file access) fails the host in one line, and the unit on disk and the running
+    server are the ones from before."""
+    host, h = LLAMAS[0], th(LLAMAS[0])
+    path = f"{ROOT}/state/releases.json"
+    saved = h.file(path).content_string
+    doc = json.loads(saved)
+    previous = doc["previous"][0]
+    assert previous["probe_argv"]  # recorded with the release: the probe the converge ran
+    shipped = "SystemCallFilter=@system-service\n"
+    assert shipped in previous["unit_text"]
+    previous["unit_text"] = previous["unit_text"].replace(
+        shipped, shipped + "SystemCallFilter=~@file-system\n")
+    unit, pid = h.file(UNIT).content_string, h.process.get(comm="llama-server").pid
+
+    def put(text: str) -> None:
+        assert h.run(f"printf %s {shlex.quote(text)} > {path}").rc == 0
+
+    put(json.dumps(doc))
+    try:
+        out = subprocess.run([*CLI, "rollback", INVENTORY, "--limit", host, "--json"],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+        assert out.returncode != 0, out.stdout + out.stderr
+        detail = json.loads(out.stdout)["hosts"][host]["detail"]
+        assert "the sandbox probe" in detail and "SystemCallFilter=" in detail, detail
+        assert h.file(UNIT).content_string == unit  # the unit was not replaced
+        assert h.process.get(comm="llama-server").pid == pid and health(th, host) == "200"
+        assert json.loads(h.file(path).content_string) == doc  # the records untouched
+    finally:
+        put(saved)
+
+
 @pytest.fixture(scope="module")
 def vllm_026(testbed):
     """vLLM 0.26.0's real wheel in the wheelhouse, beside 0.24.0's."""

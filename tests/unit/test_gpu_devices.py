@@ -149,3 +149,30 @@ def test_the_probe_runs_under_exactly_the_units_sandbox(rendered, engine):
     env = [p for p in props if p.startswith("Environment=")]
     assert [f"Environment={e}" for e in ctx["environment"]] == env
     assert words[words.index("--") + 1:] == argv
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llama.cpp"])
+def test_a_rollback_probes_the_recorded_unit_under_its_own_sandbox(rendered, engine):
+    """A rollback has only the release's recorded unit file: read back, it gives the probe the
+    very user, sandbox lines (DeviceAllow= included) and environment the converge's probe got."""
+    spark, rtx = group_data("all", "spark"), group_data("all", "rtx4090")
+    model = "/opt/servefleet/models/org--name/" + "0" * 40
+    ctx = (vllm.unit_context(spark, model) if engine == "vllm"
+           else llamacpp.unit_context(rtx, model, lambda: None))
+    user, props, env, gpu = sandbox.unit_sandbox(rendered[engine])
+    assert (user, props, env, gpu) == (ctx["service_user"], ctx["sandbox"], ctx["environment"],
+                                       True)
+    assert [v for k, v in props if k == "DeviceAllow"] == [
+        f"char-{g} rw" for g in sandbox.NVIDIA_DEVICE_GROUPS]
+    # A release recorded before releases carried their probe: its program's --version.
+    program = sandbox.version_argv(rendered[engine])
+    assert program[1:] == ["--version"] and program[0].startswith("/")
+
+
+def test_a_recorded_unit_without_a_sandbox_cannot_be_probed(rendered):
+    stripped = "\n".join(line for line in rendered["llama.cpp"].splitlines()
+                         if not line.startswith("DevicePolicy="))
+    with pytest.raises(sandbox.UnitReadError, match="no sandbox"):
+        sandbox.unit_sandbox(stripped)
+    with pytest.raises(sandbox.UnitReadError, match="ExecStart"):
+        sandbox.version_argv("[Service]\nUser=x\n")
