@@ -17,6 +17,11 @@ from servefleet_dev.testbed.state import (HostRecord, common_dir, instance,
                                           known_hosts_path, shared_dir, testbed_dir)
 
 GUEST_CACHE = "/var/cache/servefleet"  # where the host-side caches appear inside every guest
+# nspawn's default system-call filter refuses bpf(), and a guest's systemd then enforces no
+# DevicePolicy=/DeviceAllow= at all, silently. Allowing it makes every guest enforce the units'
+# device lists as a real node's systemd does (the GPU node on the H200 boots with it too:
+# tests/device/gpunode.sh; ../shared/gpu-probe/h200-systemd/).
+DEVICE_POLICY_ARGS = ("--system-call-filter=bpf",)
 
 
 def hosts_dir() -> Path:
@@ -133,7 +138,7 @@ def start(record: HostRecord, image: Path) -> int:
     shared = shared_dir()
     nspawn_args = [
         "-b", "--register=no", "--keep-unit", f"--network-bridge={net.BRIDGE}",
-        "--resolv-conf=off", "--timezone=off", "--console=passive",
+        "--resolv-conf=off", "--timezone=off", "--console=passive", *DEVICE_POLICY_ARGS,
         f"--bind={shared}:{GUEST_CACHE}",
         # apt locks its archive dir, so each host name keeps its own (kept across re-creation).
         f"--bind={_apt_cache(record.name)}:/var/cache/apt/archives",

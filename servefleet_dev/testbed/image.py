@@ -47,10 +47,11 @@ def _ca_files() -> list[Path]:
     return sorted(HOST_CA_DIR.glob("*.crt")) if HOST_CA_DIR.is_dir() else []
 
 
-def recipe_hash() -> str:
+def recipe_hash(packages: list[str] = PACKAGES, dpkg_opts: tuple[str, ...] = ()) -> str:
     """Hash of everything that builds the image, so a changed recipe builds a new one."""
     h = hashlib.sha256()
-    h.update(json.dumps([SUITE, MIRROR, PACKAGES, CUSTOMIZE]).encode())
+    recipe = [SUITE, MIRROR, packages, CUSTOMIZE] + ([list(dpkg_opts)] if dpkg_opts else [])
+    h.update(json.dumps(recipe).encode())
     for ca in _ca_files():
         h.update(ca.name.encode() + ca.read_bytes())
     return h.hexdigest()[:16]
@@ -74,19 +75,26 @@ def base_image(log=print) -> Path:
 
     Under a machine-wide lock: testbeds brought up side by side (parallel test workers) build
     it once, and never replace an image another testbed's guests already run on."""
+    return image("bookworm", PACKAGES, (), log)
+
+
+def image(kind: str, packages: list[str], dpkg_opts: tuple[str, ...], log=print) -> Path:
+    """The cached rootfs `kind`-<recipe hash> of the base recipe with these packages (the GPU
+    node's image adds what its recipe installs: servefleet_dev.testbed.gpunode)."""
     images = cache_subdir("testbed/images")
-    target = images / f"bookworm-{recipe_hash()}"
+    target = images / f"{kind}-{recipe_hash(packages, dpkg_opts)}"
     if (target / ".complete").exists():
         return target
     with cache_lock("testbed-image"):
         if (target / ".complete").exists():  # built by another caller while we waited
             return target
-        _build(images, target, log)
+        _build(images, target, packages, dpkg_opts, kind, log)
     return target
 
 
-def _build(images: Path, target: Path, log) -> None:
-    log(f"building testbed base image {target.name} with mmdebstrap")
+def _build(images: Path, target: Path, packages: list[str], dpkg_opts: tuple[str, ...],
+           kind: str, log) -> None:
+    log(f"building testbed image {target.name} with mmdebstrap")
     tmp = Path(tempfile.mkdtemp(prefix="build-", dir=images))
     hooks = []
     for ca in _ca_files():
@@ -94,8 +102,9 @@ def _build(images: Path, target: Path, log) -> None:
     hooks += [f"--customize-hook={cmd}" for cmd in CUSTOMIZE]
     try:
         subprocess.run(
-            ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(PACKAGES)}",
-             *hooks, SUITE, str(tmp / "rootfs"), MIRROR],
+            ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(packages)}",
+             *[f"--dpkgopt={o}" for o in dpkg_opts], *hooks, SUITE, str(tmp / "rootfs"),
+             MIRROR],
             check=True,
         )
         (tmp / "rootfs" / ".complete").touch()
@@ -105,6 +114,6 @@ def _build(images: Path, target: Path, log) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     in_use = _mounted_lowerdirs()
-    for old in images.glob("bookworm-*"):  # old recipes are dead weight, unless a guest runs on one
+    for old in images.glob(f"{kind}-*"):  # old recipes are dead weight, unless a guest runs on one
         if old != target and str(old) not in in_use:
             shutil.rmtree(old, ignore_errors=True)

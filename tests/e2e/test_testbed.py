@@ -3,6 +3,7 @@ on port 2222); they come and go; an unclean stop recovers; `rm` and `down` stop 
 hosts, also among a dozen of similar names."""
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -162,3 +163,27 @@ def test_rm_and_down_of_a_dozen_hosts_stop_exactly_theirs(testbed):
     assert not os.path.exists(info["netns"])
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
     assert info["subnet"] not in routes
+
+
+def test_guests_enforce_the_units_device_policy(testbed):
+    """A guest's systemd enforces DevicePolicy=/DeviceAllow= (nspawn allows bpf(): hosts.
+    DEVICE_POLICY_ARGS): the product's own sandbox, as its probe applies it before a restart,
+    is denied a device the guest really has, and reaches it once that device is allowed."""
+    from servefleet.core import sandbox
+
+    rec = testbed.hosts["rtx4090-1"]
+    assert ssh(rec, "test -c /dev/net/tun").returncode == 0  # nspawn gives every guest one
+    opens = ["/bin/sh", "-c", ": <>/dev/net/tun && echo opened"]
+
+    def probe(props):
+        script = sandbox.probe_script("devpolicy-check.service", ADMIN_USER, props, [], opens,
+                                      gpu=False)
+        return ssh(rec, f"sh -c {shlex.quote(script)}")
+
+    shipped = sandbox.properties(["/tmp"], gpu=False, memory_deny_write_execute=True)
+    assert ("DevicePolicy", "closed") in shipped
+    denied = probe(shipped)
+    assert denied.returncode == 1, denied.stdout + denied.stderr
+    assert "Operation not permitted" in denied.stderr, denied.stderr
+    allowed = probe([*shipped, ("DeviceAllow", "/dev/net/tun rw")])
+    assert allowed.returncode == 0 and "opened" in allowed.stdout, allowed.stdout + allowed.stderr

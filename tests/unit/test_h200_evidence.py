@@ -1,7 +1,9 @@
-"""The H200 evidence of the GPU path (tests/fixtures/h200/sandbox/, made by
-tests/device/gpu_sandbox.sh) is evidence of the code as it stands: the units that served there
-are exactly what servefleet renders today for a GPU node, and the recordings say what the
-closing notes claim (served under the sandbox, MDWE on, the negative cases refused)."""
+"""The H200 evidence of the GPU path under the emulated sandbox (tests/fixtures/h200/sandbox/,
+made by tests/device/gpu_sandbox.sh, on that machine before it had systemd) is evidence of the
+code as it stands: the vLLM unit that served there is exactly what servefleet renders today for a
+GPU node, and the recordings say what the closing notes claim (served under the sandbox, MDWE on,
+the negative cases refused). The llama.cpp unit's evidence is real systemd's since: a converged
+GPU node (tests/unit/test_h200_node.py, tests/fixtures/h200/node/)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.core import llamacpp, sandbox, vllm
+from servefleet.core import sandbox, vllm
 from servefleet.core.systemd import render_unit
 from servefleet_dev.testing.sandbox_model import DeviceTable, problems
 
 ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "tests" / "fixtures" / "h200" / "sandbox"
 H200_TABLE = ROOT / "tests" / "fixtures" / "devices" / "h200-open-580.txt"
-FLAG = "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0"
 
 
 def device_script():
@@ -33,21 +34,16 @@ def device_script():
 def rendered(monkeypatch):
     monkeypatch.chdir(ROOT)
     g = device_script()
-    lay_llama = g.llama_data()
-    model_dir = f"/opt/servefleet/models/servefleet-tests--tiny-qwen35moe-missing-mtp-GGUF/{g.SHA}"
     spark = g.data("spark", max_model_len=4096, kv_cache_memory_bytes=2 * 1024**3,
                    served_model_name="tiny", vllm_extra_args=["--gdn-prefill-backend", "triton"])
     return {
-        "servefleet-llama.service": render_unit(
-            "files/llamacpp/servefleet-llama.service.j2",
-            llamacpp.unit_context(lay_llama, model_dir, lambda: FLAG)),
         "servefleet-vllm.service": render_unit(
             "files/vllm/servefleet-vllm.service.j2",
             vllm.unit_context(spark, f"/opt/servefleet/models/servefleet-tests--tiny-qwen35moe/{g.SHA}")),
     }
 
 
-@pytest.mark.parametrize("name", ["servefleet-llama.service", "servefleet-vllm.service"])
+@pytest.mark.parametrize("name", ["servefleet-vllm.service"])
 def test_the_units_that_served_on_the_h200_are_todays(rendered, name):
     assert (EVIDENCE / name).read_text() == rendered[name], \
         f"{name} changed since the H200 run: run tests/device/gpu_sandbox.sh again"
@@ -75,20 +71,6 @@ def test_without_af_netlink_the_engine_died_at_start():
     old = (EVIDENCE / "servefleet-vllm.without-af-netlink.service").read_text()
     assert "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX" in old.splitlines()
     assert "AF_NETLINK" in vllm.ADDRESS_FAMILIES
-
-
-def test_llama_server_served_on_the_gpu_under_the_sandbox():
-    result = json.loads((EVIDENCE / "llama-server.json").read_text())
-    assert result["health_s"] is not None and result["chat"]["choices"][0]["message"]
-    log = (EVIDENCE / "llama-server.log").read_text()
-    assert re.search(r"CUDA0\s*: NVIDIA H200", log)
-    assert re.search(r"ExecStartPre=/opt/servefleet/bin/servefleet-llama-preflight .*--gpu: rc 0", log)
-    pre = (EVIDENCE / "llama-preflight-gpu.txt").read_text()
-    assert "rc 0" in pre and "servefleet preflight: ok" in pre and "VRAM free" in pre
-    build = json.loads((EVIDENCE / "llama-build-env.json").read_text())
-    assert "-DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA=ON" in build["CMAKE_ARGS"]
-    assert build["COMMIT"] == "8724b88a3cdc84e82e64d21fb95287ae91e0c512"
-    assert "installed /opt/servefleet/llama.cpp/b9785-" in (EVIDENCE / "llama-build.txt").read_text()
 
 
 def test_the_probes_passed_under_the_units_and_failed_under_the_old_allow_list():

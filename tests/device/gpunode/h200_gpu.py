@@ -1,0 +1,44 @@
+# The GPU node on the lent H200 (tests/device/gpunode.sh): one rtx4090 host, reached like a
+# real node (the sudo admin, the host key pinned, strict checking), its sshd on the machine's
+# loopback. Group data: group_data/rtx4090.py < group_data/h200_gpu.py (this file's name).
+# SERVEFLEET_GPUNODE_DIR: where the carried payload is (the launching chroot's /gpunode).
+# SERVEFLEET_GPUNODE_REHEARSAL=1: the same run on a machine without a GPU (this workplace's):
+# host data turns the GPU off and builds llama.cpp for the CPU, from the testbed's ccache.
+import os
+
+from servefleet.core.inventory import InventoryHost, stop_on_bad_input, validate_hosts
+from servefleet_dev.testbed import gpunode
+
+HERE = os.environ.get("SERVEFLEET_GPUNODE_DIR", "/gpunode")
+REHEARSAL = {
+    "require_gpu": False,
+    "llamacpp_cmake_flags": {"GGML_CUDA": "OFF", "GGML_NATIVE": "OFF",
+                             "LLAMA_USE_PREBUILT_UI": "OFF", "LLAMA_BUILD_UI": "OFF",
+                             "BUILD_SHARED_LIBS": "OFF", "LLAMA_BUILD_TESTS": "OFF",
+                             "LLAMA_BUILD_EXAMPLES": "OFF", "LLAMA_OPENSSL": "OFF",
+                             "CMAKE_BUILD_TYPE": "Release"},
+    "llamacpp_ccache_dir": "/var/cache/servefleet/ccache",
+    "llamacpp_server_args": ["--threads", "1"],
+    "perf_gate_decode_drop_pct": 20,
+}
+
+
+def _hosts():
+    data = {
+        "ssh_hostname": "127.0.0.1",
+        "ssh_port": gpunode.SSH_PORT,
+        "ssh_user": "fleetadmin",
+        "ssh_key": f"{HERE}/ssh/id_ed25519",
+        "ssh_known_hosts_file": f"{HERE}/ssh/known_hosts",
+        "ssh_strict_host_key_checking": "yes",
+        "_sudo": True,
+        "hf_endpoint": f"http://127.0.0.1:{gpunode.HUB_PORT}",
+    }
+    if os.environ.get("SERVEFLEET_GPUNODE_REHEARSAL") == "1":
+        data.update(REHEARSAL)
+    validate_hosts([InventoryHost(gpunode.NODE, ["rtx4090", gpunode.GROUP], data,
+                                  "tests/device/gpunode/h200_gpu.py")])
+    return [(gpunode.NODE, data)]
+
+
+rtx4090 = stop_on_bad_input(_hosts)
