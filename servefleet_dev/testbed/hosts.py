@@ -22,6 +22,11 @@ GUEST_CACHE = "/var/cache/servefleet"  # where the host-side caches appear insid
 # device lists as a real node's systemd does (the GPU node on the H200 boots with it too:
 # tests/device/gpunode.sh; ../shared/gpu-probe/h200-systemd/).
 DEVICE_POLICY_ARGS = ("--system-call-filter=bpf",)
+# The device filter is a cgroup-v2 BPF program: on a host that boots with the hybrid hierarchy
+# (cgroup v1 controllers, cgroup2 at /sys/fs/cgroup/unified, as CI's machines do) nspawn would
+# give the guest v1 too, read-only, and its systemd again enforces no device list. This makes
+# every guest's systemd run on cgroup v2 whatever the host boots with.
+DEVICE_POLICY_ENV = {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
 
 
 def hosts_dir() -> Path:
@@ -151,6 +156,7 @@ def start(record: HostRecord, image: Path) -> int:
         # A clean environment: guests must not inherit this shell's (slow) start-up or variables.
         env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
              "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+             **DEVICE_POLICY_ENV,
              **{k: v for k, v in os.environ.items() if k.startswith("SERVEFLEET_")}},
     )
     return proc.pid

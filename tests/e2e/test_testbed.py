@@ -173,6 +173,9 @@ def test_guests_enforce_the_units_device_policy(testbed):
 
     rec = testbed.hosts["rtx4090-1"]
     assert ssh(rec, "test -c /dev/net/tun").returncode == 0  # nspawn gives every guest one
+    # nspawn makes it root's only (0600): open to all, so the device list alone is in the way
+    # (file modes are checked first, and would deny with EACCES before the device filter runs).
+    assert ssh(rec, "chmod 0666 /dev/net/tun").returncode == 0
     opens = ["/bin/sh", "-c", ": <>/dev/net/tun && echo opened"]
 
     def probe(props):
@@ -180,10 +183,14 @@ def test_guests_enforce_the_units_device_policy(testbed):
                                       gpu=False)
         return ssh(rec, f"sh -c {shlex.quote(script)}")
 
-    shipped = sandbox.properties(["/tmp"], gpu=False, memory_deny_write_execute=True)
-    assert ("DevicePolicy", "closed") in shipped
-    denied = probe(shipped)
-    assert denied.returncode == 1, denied.stdout + denied.stderr
-    assert "Operation not permitted" in denied.stderr, denied.stderr
-    allowed = probe([*shipped, ("DeviceAllow", "/dev/net/tun rw")])
-    assert allowed.returncode == 0 and "opened" in allowed.stdout, allowed.stdout + allowed.stderr
+    try:
+        shipped = sandbox.properties(["/tmp"], gpu=False, memory_deny_write_execute=True)
+        assert ("DevicePolicy", "closed") in shipped
+        denied = probe(shipped)
+        assert denied.returncode == 1, denied.stdout + denied.stderr
+        assert "Operation not permitted" in denied.stderr, denied.stderr  # EPERM: the filter
+        allowed = probe([*shipped, ("DeviceAllow", "/dev/net/tun rw")])
+        assert allowed.returncode == 0 and "opened" in allowed.stdout, \
+            allowed.stdout + allowed.stderr
+    finally:
+        ssh(rec, "chmod 0600 /dev/net/tun")
