@@ -10,7 +10,8 @@ import logging
 from servefleet.cli.args import parse_data
 from servefleet.cli.rollout import render
 from servefleet.core.errors import Exit
-from servefleet.verbs.rollout import ROLLED_BACK, rollback
+from servefleet.verbs.rollback import rollback
+from servefleet.verbs.rollout import ROLLED_BACK
 
 
 def register(sub) -> None:

@@ -134,6 +134,55 @@ class PerfGate:
         return out
 
 
+    def passed_again(self, sess, verdicts: dict[str, tuple[perf.Figures, str]]) -> None:
+        """The new release's figures on its record again, with the verdict that let it in."""
+        def one(host):
+            fig, said = verdicts[host.name]
+            keep(host, replace(fig, verdict=said))
+
+        sess.each(one, [h for h in sess.targets if h.name in verdicts])
+
+    def bracket(self, sess, after: dict[str, perf.Figures]) -> dict[str, tuple[bool, str]]:
+        """After a failed gate and the rollback: the previous release measured again on each
+        host of `after` (the new release's figures that failed), and (still slower, what it
+        said) for each. See bracket()."""
+        def one(host):
+            th = perf.Settings.of(host.data.dict()).thresholds
+            again = [measure(host, "baseline-again", self.rollout_id) for _ in range(2)]
+            return bracket(self.baselines[host.name], again, after[host.name], th)
+
+        todo = [h for h in sess.targets if h.name in after and h.name in self.baselines]
+        out = {}
+        for name, res in sess.each(one, todo).items():
+            out[name] = res if not isinstance(res, Exception) else (
+                True, f"the previous release could not be measured again: "
+                      f"{type(res).__name__}: {res}")
+        return out
+
+
+def bracket(before: perf.Figures, again: list, after: perf.Figures,
+            th: perf.Thresholds) -> tuple[bool, str]:
+    """Is the new release slower (True), or did the node slow down (False)?
+
+    The gate compares the new release with the previous one measured *before* it. Load that
+    starts on the node in between (a compile, a neighbour's job) makes the new release look
+    slower in both of its measurements. So a release the gate failed is judged once more,
+    after the rollback, against the previous release measured *again* (the best of two, on the
+    node as it is now): a slower release is slower than its predecessor on both sides of it in
+    time; if the previous release is now just as slow, it was the node. A previous release
+    that cannot be measured again leaves the verdict as it was (the safe one)."""
+    figs = [f for f in again if isinstance(f, perf.Figures)]
+    if not figs:
+        why = next((f for f in again if isinstance(f, str)), "not measured")
+        return True, f"the previous release could not be measured again: {why}"
+    now = perf.best(*figs) if len(figs) == 2 else figs[0]
+    verdict = perf.compare(now, after, th)
+    if verdict.failed:
+        return True, f"slower than the previous release measured again too ({now.short})"
+    return False, (f"against the previous release measured again {verdict.text} (before the "
+                   f"upgrade it measured {before.short}): the node slowed down, not the release")
+
+
 GATE_SAID = {perf.PASS: "performance gate passed: ", perf.FAIL: "performance gate failed: ",
              perf.INCONCLUSIVE: "performance gate inconclusive: "}
 

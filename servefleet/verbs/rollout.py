@@ -1,5 +1,5 @@
-"""Rolling upgrades with health gates and automatic rollback (`servefleet rollout`), and going
-back on purpose (`servefleet rollback`).
+"""Rolling upgrades with health gates and automatic rollback (`servefleet rollout`); going back
+on purpose is verbs/rollback.py.
 
 1. Preflight: the data is validated for every host, and every host of the deploy's role is
    reachable and healthy (a host that an interrupted rollout left mid-way may be unhealthy:
@@ -21,12 +21,11 @@ machine finishes an interrupted rollout or rolls back.
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from servefleet.core import contract, perf
@@ -34,10 +33,10 @@ from servefleet.core.data import recipe_of
 from servefleet.core.errors import DataError, Exit
 from servefleet.core.layout import NodeLayout
 from servefleet.core.releases import RolloutMarker
-from servefleet.facts.releases import NodeReleases, RolloutMarkerFact
-from servefleet.operations import health
+from servefleet.facts.releases import RolloutMarkerFact
 from servefleet.operations.node import put, run
 from servefleet.verbs import session as api
+from servefleet.verbs.healthgate import gate, release_of
 from servefleet.verbs.perfgate import OFF_BY_FLAG, PerfGate
 
 ROLLBACK = "deploys/rollback.py"
@@ -62,6 +61,7 @@ class HostRollout:
     perf: str = ""  # the performance gate's verdict, with both figures, or why it is off
     perf_before: dict | None = None  # the baseline (core.perf.Figures as JSON)
     perf_after: dict | None = None  # the figures measured on the new release
+    again: bool = False  # the gate failed it, the node was found slower too: upgraded again
 
 
 @dataclass
@@ -99,37 +99,6 @@ def batches(names: list[str], batch: str) -> list[list[str]]:
         raise DataError(f"--batch {batch!r}: expected at least 1 host")
     size = max(size, 1)
     return [names[i:i + size] for i in range(0, len(names), size)]
-
-
-def gate(host, **overrides) -> tuple[bool, str, float]:
-    """Run the health check of the release the node records as current, now: (passed, what it
-    said, seconds). Each release carries its own check, so a rolled-back host is gated as the
-    release it serves, whatever the data says now."""
-    records = host.get_fact(NodeReleases, path=NodeLayout.of(host.data).releases_file)
-    if records.current is None or not records.current.gate:
-        return False, "no release recorded on this host: converge it first", 0.0
-    started = time.monotonic()
-    argv = health.argv(**{**records.current.gate, **overrides})
-    ok, out, err = run(host, " ".join(shlex.quote(a) for a in argv))
-    seconds = time.monotonic() - started
-    report = {}
-    for line in reversed(out.strip().splitlines()):
-        try:
-            report = json.loads(line)
-            break
-        except ValueError:
-            continue
-    if ok:
-        kv = report.get("kv", "")
-        return True, kv if kv.startswith("KV not compared") else "", seconds
-    problems = report.get("problems") or [line for line in err.splitlines()
-                                          if line.startswith("servefleet")][-1:]
-    return False, "; ".join(problems) or "the health check failed", seconds
-
-
-def _release_of(host) -> str | None:
-    records = host.get_fact(NodeReleases, path=NodeLayout.of(host.data).releases_file)
-    return f"{records.current.short} ({records.current.id})" if records.current else None
 
 
 def _write_marker(host, marker: RolloutMarker | None) -> None:
@@ -198,7 +167,7 @@ class Rollout:
                 return None
             for host in targets:
                 self.report.hosts[host.name] = HostRollout(host.name)
-            for name, rel in sess.each(_release_of, targets).items():
+            for name, rel in sess.each(release_of, targets).items():
                 self.report.hosts[name].from_release = None if isinstance(rel, Exception) else rel
             for name, marker in self.resumed.items():  # what it was rolled out from, and when
                 self.report.hosts[name].from_release = (marker.from_release
@@ -222,7 +191,7 @@ class Rollout:
     def _gate(self, names: list[str]) -> dict[str, tuple[bool, str, float]]:
         with self.session(names) as sess:
             results = sess.each(gate)
-            releases = sess.each(_release_of)
+            releases = sess.each(release_of)
         for name, rel in releases.items():
             if not isinstance(rel, Exception):
                 self.report.hosts[name].to_release = rel
@@ -287,6 +256,57 @@ class Rollout:
                 rec.detail = f"{rec.detail}; rollback: {why}".strip("; ")
         self._mark([n for n in names if self.report.hosts[n].result == ROLLED_BACK], None)
 
+    def _bracket(self, slower: list[str]) -> list[str]:
+        """The hosts the performance gate failed, rolled back healthy: the previous release
+        is measured again (perfgate.bracket). Where it is now as slow as the new release was,
+        the node slowed down, not the release: the host is converged to the new release again
+        and health-gated (once; its performance is then judged). Returns those upgraded."""
+        back = {n: self.report.hosts[n] for n in slower
+                if self.report.hosts[n].result == ROLLED_BACK and self.report.hosts[n].perf_after}
+        if not back:
+            return []
+        after = {n: perf.Figures.from_json(rec.perf_after) for n, rec in back.items()}
+        with self.session(list(back)) as sess:
+            judged = self.perf.bracket(sess, {n: f for n, f in after.items() if f})
+        forward, passed = [], {}
+        for name, (still, said) in judged.items():
+            rec = back[name]
+            if still:
+                rec.perf = f"{rec.perf}; {said}"
+                rec.detail = f"{rec.detail}; {said}"
+            else:
+                forward.append(name)
+                passed[name] = (f"performance gate passed {said}; the first verdict: "
+                                f"{rec.perf.removeprefix('performance gate ')}")
+        if not forward:
+            return []
+        self.say(f"{', '.join(forward)}: the node slowed down, not the release: converging "
+                 f"{self.deploy} again")
+        self._mark(forward, "converging")
+        outcomes = api.converge(self.inventory, self.deploy, forward, self.data)
+        ok = [n for n in forward if outcomes.get(n) and outcomes[n].ok]
+        gates = self._gate(ok) if ok else {}
+        up = [n for n in ok if gates[n][0]]
+        for name in forward:
+            rec = back[name]
+            if name in up:
+                rec.result, rec.again, rec.perf = UPGRADED, True, passed[name]
+                rec.detail = f"gate: {gates[name][1]}"
+                self.say(f"{name}: upgraded to {rec.to_release} again; {rec.perf}")
+            else:
+                why = gates[name][1] if name in gates else outcomes[name].error \
+                    if name in outcomes else "not run"
+                rec.detail = f"{rec.detail}; {passed[name]}; converging again: {why}"
+        if up:
+            with self.session(up) as sess:
+                self.perf.passed_again(sess, {n: (after[n], back[n].perf) for n in up})
+            for name in up:
+                back[name].perf_after = replace(after[name], verdict=back[name].perf).to_json()
+        self._mark(up, None)
+        if len(up) < len(forward):
+            self._rollback([n for n in forward if n not in up], [])
+        return up
+
     def run(self) -> RolloutReport:
         names = self.preflight()
         if names is None:
@@ -342,7 +362,7 @@ class Rollout:
                 self.say(f"{name}: failed: {self.report.hosts[name].detail}")
             if failed:
                 self._rollback(failed, slower)
-                failures += len(failed)
+                failures += len(failed) - len(self._bracket(slower))
             if failures > self.max_failures:
                 rest = [n for g in groups[number:] for n in g]
                 self.report.message = (f"stopped after {failures} failed host(s) (--max-failures "
@@ -351,36 +371,3 @@ class Rollout:
                 break
         return self.report
 
-
-def rollback(inventory: str, limit: list[str], data: dict | None,
-             say: Callable[[str], None]) -> RolloutReport:
-    """`servefleet rollback`: the previous release on the selected hosts, then their gate."""
-    report = RolloutReport(f"rollback-{time.strftime('%Y%m%dT%H%M%S')}")
-    with api.session(inventory, limit, data, deploy=ROLLBACK) as sess:
-        gone = dict(sess.unreachable)
-    if gone:  # as a rollout: all selected hosts or none
-        report.refused, report.message = Exit.UNREACHABLE, api.cannot_reach(gone)
-        return report
-    outcomes = api.converge(inventory, ROLLBACK, limit, {**(data or {}), "previous_release": True})
-    if not outcomes:
-        report.refused, report.message = Exit.BAD_INPUT, f"--limit selects no host of {inventory}"
-        return report
-    for name, outcome in outcomes.items():
-        report.hosts[name] = HostRollout(name, result=ROLLED_BACK if outcome.ok else ATTENTION,
-                                         detail="" if outcome.ok else str(outcome.error))
-    back = [n for n, o in outcomes.items() if o.ok]
-    if back:
-        with api.session(inventory, back, data, deploy=ROLLBACK) as sess:
-            def check(host):
-                return gate(host), _release_of(host)
-            for name, result in sess.each(check).items():
-                rec = report.hosts[name]
-                if isinstance(result, Exception):
-                    rec.result, rec.detail = ATTENTION, str(result)
-                    continue
-                (ok, said, seconds), rel = result
-                rec.gate_s, rec.to_release = round(seconds, 1), rel
-                if not ok:
-                    rec.result, rec.detail = ATTENTION, f"gate: {said}"
-                say(f"{name}: {rec.result}: {rel}")
-    return report

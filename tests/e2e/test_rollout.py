@@ -105,7 +105,9 @@ def gated(figures: dict, kind: str, rollout_id: str) -> None:
     """Figures the gate kept on the node: what measured them, with what, and the medians."""
     assert figures["kind"] == kind and figures["rollout"] == rollout_id, figures
     assert figures["workload"] == workload() and figures["measured_at"].endswith("Z")
-    assert len(figures["runs"]) == workload()["runs"]
+    # One measurement, or the best of two (the gate measures again what does not pass clearly).
+    times = 2 if "best of 2" in figures.get("verdict", "") else 1
+    assert len(figures["runs"]) == times * workload()["runs"], figures
     assert figures["decode_tok_s"] > 0 and figures["ttft_s"] > 0
 
 
@@ -136,7 +138,10 @@ def test_a_real_upgrade_of_three_hosts_in_batches_of_one(llama_fleet, th):
         assert r["from_release"].startswith("llama.cpp b9785") and NEWER in r["to_release"]
         assert r["gate_s"] is not None and r["converge_s"] is not None
         # As fast: the performance gate passed, both figures named; both kept on the node.
-        assert r["perf"].startswith("performance gate passed: decode "), r
+        # (or, where load on the machine slowed the new release, passed against the previous
+        # release measured again after the rollback, and upgraded again: perfgate.bracket)
+        assert r["perf"].startswith("performance gate passed") and "decode " in r["perf"], r
+        assert r["again"] == ("measured again" in r["perf"]), r
         assert r["perf_s"] > 0 and r["perf_before"] and r["perf_after"]
         current = agree(th, host)
         gated(current["perf"], "gate", report["rollout_id"])

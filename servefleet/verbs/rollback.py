@@ -1,0 +1,46 @@
+"""`servefleet rollback`: the previous release on the selected hosts, by hand, then their
+health gate (a rollout rolls back on its own: verbs/rollout.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from servefleet.core.errors import Exit
+from servefleet.verbs import session as api
+from servefleet.verbs.healthgate import gate, release_of
+from servefleet.verbs.rollout import ATTENTION, ROLLBACK, ROLLED_BACK, HostRollout, RolloutReport
+
+
+def rollback(inventory: str, limit: list[str], data: dict | None,
+             say: Callable[[str], None]) -> RolloutReport:
+    """`servefleet rollback`: the previous release on the selected hosts, then their gate."""
+    report = RolloutReport(f"rollback-{time.strftime('%Y%m%dT%H%M%S')}")
+    with api.session(inventory, limit, data, deploy=ROLLBACK) as sess:
+        gone = dict(sess.unreachable)
+    if gone:  # as a rollout: all selected hosts or none
+        report.refused, report.message = Exit.UNREACHABLE, api.cannot_reach(gone)
+        return report
+    outcomes = api.converge(inventory, ROLLBACK, limit, {**(data or {}), "previous_release": True})
+    if not outcomes:
+        report.refused, report.message = Exit.BAD_INPUT, f"--limit selects no host of {inventory}"
+        return report
+    for name, outcome in outcomes.items():
+        report.hosts[name] = HostRollout(name, result=ROLLED_BACK if outcome.ok else ATTENTION,
+                                         detail="" if outcome.ok else str(outcome.error))
+    back = [n for n, o in outcomes.items() if o.ok]
+    if back:
+        with api.session(inventory, back, data, deploy=ROLLBACK) as sess:
+            def check(host):
+                return gate(host), release_of(host)
+            for name, result in sess.each(check).items():
+                rec = report.hosts[name]
+                if isinstance(result, Exception):
+                    rec.result, rec.detail = ATTENTION, str(result)
+                    continue
+                (ok, said, seconds), rel = result
+                rec.gate_s, rec.to_release = round(seconds, 1), rel
+                if not ok:
+                    rec.result, rec.detail = ATTENTION, f"gate: {said}"
+                say(f"{name}: {rec.result}: {rel}")
+    return report
