@@ -34,18 +34,58 @@ def parse_installed_debs(lines: list[str]) -> set[str]:
 
 
 def parse_account(lines: list[str]) -> dict:
-    """``{"user": {name, uid, gid, home, shell} | None, "group": {name, gid} | None}`` from
-    ``getent passwd`` / ``getent group`` lines prefixed ``passwd:`` / ``group:``."""
-    found: dict = {"user": None, "group": None}
+    """``{"user": {name, uid, gid, gecos, home, shell} | None, "group": {name, gid, members} |
+    None, "groups": [the user's groups, primary first]}`` from ``getent passwd`` / ``getent
+    group`` / ``id -Gn`` lines prefixed ``passwd:`` / ``group:`` / ``groups:``."""
+    found: dict = {"user": None, "group": None, "groups": []}
     for line in lines:
         kind, _, entry = line.partition(":")
         fields = entry.split(":")
         if kind == "passwd" and len(fields) == 7:
             found["user"] = {"name": fields[0], "uid": fields[2], "gid": fields[3],
-                             "home": fields[5], "shell": fields[6]}
+                             "gecos": fields[4], "home": fields[5], "shell": fields[6]}
         elif kind == "group" and len(fields) >= 3:
-            found["group"] = {"name": fields[0], "gid": fields[2]}
+            members = fields[3].split(",") if len(fields) > 3 and fields[3] else []
+            found["group"] = {"name": fields[0], "gid": fields[2], "members": members}
+        elif kind == "groups":
+            found["groups"] = entry.split()
     return found
+
+
+# The comment (GECOS) of every account servefleet creates: how a later run knows it as its own.
+OWN_ACCOUNT = "servefleet service account"
+
+
+def account_problem(key: str, name: str, found: dict, home: str, shell: str) -> str | None:
+    """Whether the account `name` (data key `key`) is servefleet's to create or keep.
+
+    The service accounts are the tool's own: created by it (GECOS OWN_ACCOUNT, a primary group
+    of the same name), and in no other group, so the engine's identity holds no group power
+    (docker, lxd, video, systemd-journal, ...) and no one else's files. Absent (account and
+    group): servefleet creates it. An account that an earlier servefleet created (no comment,
+    its own group, the home and shell servefleet gives it) is adopted once. Anything else that
+    exists is refused: None when fine, else the problem in one line."""
+    user, group = found.get("user"), found.get("group")
+    what = f"key {key!r} = {name!r}"
+    if user is None and group is None:
+        return None
+    if user is None:
+        return (f"{what}: a group {name!r} (gid {group['gid']}) exists on this node and is not "
+                f"servefleet's; expected a name that no account or group has yet")
+    if user["gecos"] not in (OWN_ACCOUNT, "") or (user["gecos"] == "" and (
+            user["home"], user["shell"]) != (home, shell)):
+        return (f"{what}: an account {name!r} (uid {user['uid']}) exists on this node and is not "
+                f"servefleet's; expected a name that no account or group has yet")
+    if group is None or group["gid"] != user["gid"]:
+        return (f"{what}: the account's primary group is not its own group {name!r}; expected "
+                f"servefleet's own account and group")
+    others = [g for g in found.get("groups") or [] if g != name] + \
+        [m for m in group.get("members") or [] if m != name]
+    if others:
+        return (f"{what}: the account is in other groups or its group has other members "
+                f"({', '.join(sorted(set(others)))[:200]}); servefleet's service account is in "
+                f"no group but its own")
+    return None
 
 
 def parse_path_stat(lines: list[str]) -> dict | None:

@@ -103,14 +103,17 @@ class InstalledDebs(FactBase):
 
 
 class Account(FactBase):
-    """A system account and its group: ``{"user": passwd fields or None, "group": group fields
-    or None}`` (``getent``: local files or whatever NSS the node uses)."""
+    """A system account, its group and the groups it is in: ``{"user": passwd fields or None,
+    "group": group fields or None, "groups": [names]}`` (``getent`` and ``id``: local files or
+    whatever NSS the node uses)."""
 
     default = dict
 
     def command(self, user: str, group: str):
         return StringCommand("getent passwd", QuoteString(user), "| sed 's/^/passwd:/';",
-                             "getent group", QuoteString(group), "| sed 's/^/group:/'; true")
+                             "getent group", QuoteString(group), "| sed 's/^/group:/';",
+                             "id -Gn --", QuoteString(user), "2>/dev/null | sed 's/^/groups:/';",
+                             "true")
 
     def process(self, output):
         return parse_account(output)

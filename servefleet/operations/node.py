@@ -15,7 +15,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.facts.files import File, Sha256File
 from pyinfra.operations import apt
 
-from servefleet.core.node import node_problems
+from servefleet.core.node import OWN_ACCOUNT, account_problem, node_problems
 from servefleet.facts import batch
 from servefleet.facts.node import (Account, CpuArch, FreeDiskBytes, InstalledDebs, NvidiaGpus,
                                    PathStat)
@@ -45,11 +45,13 @@ def run(target, command, privileged: bool = True):
 
 
 @operation()
-def preflight(data: dict):
+def preflight(data: dict, accounts: tuple = ()):
     """
-    Check that the node can run its recipe: CPU architecture, NVIDIA GPU and driver, free disk.
+    Check that the node can run its recipe: CPU architecture, NVIDIA GPU and driver, free disk,
+    and that the accounts it makes its own are its own (core.node.account_problem).
 
     + data: the recipe values to check against (``host.data`` as a dict)
+    + accounts: ``(data key, account, home, shell)`` of each account the recipe makes
 
     A failed check fails this host with every problem named; it changes nothing.
 
@@ -65,6 +67,11 @@ def preflight(data: dict):
         free_disk=batch.get(host, FreeDiskBytes, path=data["servefleet_root"]),
         data=data,
     )
+    for key, user, home, shell in accounts:
+        found = batch.get(host, Account, user=user, group=user)
+        problem = account_problem(key, user, found, home, shell)
+        if problem:
+            problems.append(problem)
     if problems:
         yield fail_host(f"preflight failed on {host.name}: " + "; ".join(problems))
     else:
@@ -106,7 +113,9 @@ def os_packages(packages: list[str], query: tuple[str, ...] = ()):
 def account(user: str, home: str, shell: str = "/usr/sbin/nologin"):
     """
     A system account ``user`` with a system group of the same name as its primary group, the
-    given home (not created) and shell.
+    given home (not created) and shell, marked as servefleet's (its comment: OWN_ACCOUNT). An
+    account or group that is not servefleet's fails this host, unchanged
+    (core.node.account_problem; the preflight refuses it first).
 
     + user: the account (and its group's) name
     + home: its home directory (made elsewhere, with the owner and mode it needs)
@@ -119,14 +128,19 @@ def account(user: str, home: str, shell: str = "/usr/sbin/nologin"):
         node.account(user="servefleet", home="/opt/servefleet/cache")
     """
     found = batch.get(host, Account, user=user, group=user)
+    problem = account_problem("account", user, found, home, shell)
+    if problem:
+        yield fail_host(f"{host.name}: {problem}")
+        return
     group, passwd = found.get("group"), found.get("user")
     if group and passwd and passwd["gid"] == group["gid"] and passwd["home"] == home \
-            and passwd["shell"] == shell:
+            and passwd["shell"] == shell and passwd["gecos"] == OWN_ACCOUNT:
         host.noop(f"account {user} (group {user}, home {home}, shell {shell})")
         return
     if not group:
         yield StringCommand("groupadd", "--system", shlex.quote(user))
-    flags = ["--gid", shlex.quote(user), "--shell", shlex.quote(shell)]
+    flags = ["--gid", shlex.quote(user), "--shell", shlex.quote(shell),
+             "--comment", shlex.quote(OWN_ACCOUNT)]
     if passwd:  # usermod spells it --home, useradd --home-dir
         yield StringCommand("usermod", *flags, "--home", shlex.quote(home), shlex.quote(user))
     else:

@@ -89,12 +89,26 @@ def plan_base() -> None:
     batch.plan(host, [
         (CpuArch, {}), (NvidiaGpus, {}), (FreeDiskBytes, {"path": host.data.servefleet_root}),
         (OsRelease, {}), (InstalledDebs, {"names": package_query()}),
-        (Account, {"user": user, "group": user}),
+        *[(Account, {"user": name, "group": name}) for _, name, _, _ in accounts()],
         *[(PathStat, {"path": p}) for p in (*lay.tree, lay.cache_dir, lay.models_dir)],
         (PathStat, {"path": f"{lay.tools_venv}/pyvenv.cfg"}),
         (DistVersions, {"venv": lay.tools_venv, "names": tuple(TOOLS)}),
         *[(PathChain, {"path": path}) for path in root_read_paths().values()],
     ])
+
+
+NOLOGIN = "/usr/sbin/nologin"
+
+
+def accounts() -> tuple[tuple[str, str, str, str], ...]:
+    """(data key, account, home, shell) of each account this host's recipe makes its own: the
+    service account, and on a depot the read-only depot account (a shell: sshd runs its forced
+    command through it)."""
+    lay = layout()
+    found = [("servefleet_user", host.data.servefleet_user, lay.cache_dir, NOLOGIN)]
+    if "depot" in host.groups and host.data.get("depot_user"):
+        found.append(("depot_user", host.data.depot_user, lay.depot_home, "/bin/sh"))
+    return tuple(found)
 
 
 def root_read_paths() -> dict[str, str]:
@@ -115,7 +129,8 @@ def node_base():
 
 @deploy("Preflight")
 def preflight():
-    node.preflight(name="Check CPU, GPU/driver and free disk", data=data())
+    node.preflight(name="Check CPU, GPU/driver, free disk and accounts", data=data(),
+                   accounts=accounts())
     # Before anything runs, installs or builds: every recipe starts here (deploys/base.py too).
     paths = root_read_paths()
     if paths:
@@ -134,7 +149,7 @@ def account_and_tree():
     """Root owns the tree and everything root runs; the service account owns only the
     directories the engine writes (its cache and the models)."""
     lay, user = layout(), host.data.servefleet_user
-    node.account(name=f"System user {user}", user=user, home=lay.cache_dir)
+    node.account(name=f"System user {user}", user=user, home=lay.cache_dir, shell=NOLOGIN)
     for path in lay.tree:
         node.directory(name=f"Directory {path}", path=path, user="root", group="root",
                        mode="755")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, server
+from pyinfra.operations import files
 
 from servefleet.core.fleetkey import depot_models, fleet_key
 from servefleet.operations import models as model_ops
@@ -31,10 +31,9 @@ def account():
     _, public = fleet_key(host.data, host.name)
     files.directory(name=f"Depot store {lay.depot_dir}", path=lay.depot_dir, user=user,
                     group=user, mode="755")
-    server.group(name=f"Group {depot_user}", group=depot_user, system=True)
     # A shell, because sshd runs the forced command through it; the key allows nothing else.
-    server.user(name=f"Depot user {depot_user}", user=depot_user, group=depot_user, system=True,
-                home=lay.depot_home, shell="/bin/sh", create_home=False, ensure_home=False)
+    node.account(name=f"Depot user {depot_user}", user=depot_user, home=lay.depot_home,
+                 shell="/bin/sh")
     for d in (lay.depot_home, f"{lay.depot_home}/.ssh"):  # root's: the account cannot change them
         files.directory(name=f"Directory {d}", path=d, user="root", group="root", mode="755")
     line = f'restrict,command="{RRSYNC} -ro {lay.depot_dir}" {public}\n'

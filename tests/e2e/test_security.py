@@ -178,6 +178,30 @@ def test_units_are_hardened(served, th, host, unit):
     assert th(host).service(unit).is_running  # and it still serves, hardened
 
 
+def test_a_service_user_that_is_not_servefleets_is_refused_before_anything_changes(served, th):
+    """servefleet_user naming a group the node has (video: GPU access; systemd-journal: every
+    log; staff: /usr/local) or an account of someone else: the preflight refuses it in one
+    line, and the node is as it was: no account made or changed, no file, no unit."""
+    host = "rtx4090-1"
+    h = th(host)
+    h.run("getent passwd pgsim >/dev/null || useradd --system --no-create-home pgsim")
+    try:
+        accounts = h.check_output("sha256sum /etc/passwd /etc/group /etc/shadow")
+        before = node_snapshot(h)
+        for name, what in (("video", "a group 'video'"), ("systemd-journal", "a group"),
+                           ("staff", "a group 'staff'"), ("pgsim", "an account 'pgsim'")):
+            assert h.run(f"getent group {name}").rc == 0, name  # it exists on the node
+            run = pyinfra("inventory/testbed.py", NODES[host], limit=host,
+                          data={"servefleet_user": name}, timeout=600)
+            assert run.returncode != 0, run.output[-2000:]
+            assert f"key 'servefleet_user' = {name!r}: {what}" in run.output, run.output[-2000:]
+            assert "is not servefleet's" in run.output and "Traceback" not in run.output
+        assert h.check_output("sha256sum /etc/passwd /etc/group /etc/shadow") == accounts
+        assert node_snapshot(h) == before
+    finally:
+        h.run("userdel pgsim")
+
+
 def test_host_key_checking_off_is_warned_loudly(served, fleet_file, tmp_path):
     path = fleet_file({"depot-1": ("depot", {})})
     fleet = yaml.safe_load(open(path))
