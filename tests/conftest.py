@@ -72,8 +72,10 @@ def leftovers(netns_inode) -> list[str]:
             root = os.readlink(proc / "root")
         except OSError:
             continue
-        if (tree in cmd or root.startswith(tree)) and tb_hosts.running(int(proc.name)):
-            found.append(f"pid {proc.name}: {cmd[:200]}")
+        upper = tb_hosts.guest_upper(int(proc.name)) or ""  # a guest's: its root reads "/"
+        if (tree in cmd or root.startswith(tree) or upper.startswith(tree)) \
+                and tb_hosts.running(int(proc.name)):
+            found.append(f"pid {proc.name}: {cmd[:200]}" + (f" (guest of {upper})" if upper else ""))
     return found
 
 

@@ -200,10 +200,43 @@ def system_state(record: HostRecord) -> str:
     return out.stdout.strip() or "unreachable"
 
 
+def guest_upper(pid: int) -> str | None:
+    """The overlay upper directory of the root a process runs in, when it is in a PID namespace
+    of its own (a guest's): how a guest's processes are known from outside. Their root reads `/`
+    and their command line is just systemd's; the mount table of their namespace names the
+    upper directory, even after an earlier overlay of it was unmounted lazily."""
+    try:
+        if os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid"):
+            return None
+        with open(f"/proc/{pid}/mountinfo", "rb") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 4 and fields[4] == b"/" and b" - overlay " in line:
+                    for opt in line.rsplit(b" ", 1)[-1].split(b","):
+                        if opt.startswith(b"upperdir="):
+                            return os.fsdecode(opt[len(b"upperdir="):])
+    except OSError:
+        return None
+    return None
+
+
+def guests_under(prefix: Path) -> list[int]:
+    """Every guest process whose overlay's upper directory is under prefix (a host's tree, or all
+    of a testbed instance's), orphans of an earlier boot included."""
+    top = str(prefix).rstrip("/") + "/"
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and (upper := guest_upper(int(proc.name))) \
+                and upper.startswith(top):
+            pids.append(int(proc.name))
+    return pids
+
+
 def _procs_of(base: Path) -> list[int]:
     """PIDs of the supervisor, nspawn and guest processes of the host tree at base: its root
-    is exactly base/root (depot-1 is not depot-10: whole path components only)."""
-    root = f"{base}/root"
+    is exactly base/root, or its guest overlay's upper directory is base/upper (depot-1 is not
+    depot-10: whole path components only)."""
+    root, upper = f"{base}/root", f"{base}/upper"
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
@@ -213,7 +246,8 @@ def _procs_of(base: Path) -> list[int]:
             proc_root = os.readlink(proc / "root")
         except OSError:
             continue
-        if root.encode() in argv or proc_root == root or proc_root.startswith(root + "/"):
+        if root.encode() in argv or proc_root == root or proc_root.startswith(root + "/") \
+                or guest_upper(int(proc.name)) == upper:
             pids.append(int(proc.name))
     return pids
 
@@ -241,11 +275,9 @@ def stop(name: str, pid: int | None, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     while _procs_of(base) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for leftover in _procs_of(base):
-        try:
-            os.kill(leftover, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # What did not power off in time, the guest's own processes included: SIGKILL to nspawn
+    # alone would leave the guest's systemd running, reparented to PID 1.
+    kill_all(_procs_of(base))
     _umount_under(base)
 
 

@@ -170,6 +170,8 @@ def _teardown(state: TestbedState, keep_disks: bool) -> None:
         hosts.stop(base.name, None, timeout=0)
         if not keep_disks:
             hosts.remove(base.name)
+    # Guests of this instance whose host tree is gone (orphans of an earlier run's down).
+    hosts.kill_all(hosts.guests_under(hosts.hosts_dir()))
     services.stop_all(state)
     net.down()
     state.netns_inode = None

@@ -98,6 +98,8 @@ def test_up_after_an_unclean_stop_recovers(testbed):
         os.kill(rec.pid, signal.SIGKILL)
     for rec in state.hosts.values():
         hosts.stop(rec.name, None, timeout=0)  # what a crash leaves: kill, no poweroff
+        # ...and no guest outlives it: its systemd is not left running, reparented to PID 1.
+        assert hosts.guests_under(tb_state.testbed_dir() / "hosts" / rec.name) == [], rec.name
     lifecycle.up(list(state.hosts), log=lambda m: None)
     after = load_state()
     assert {n: h.address for n, h in after.hosts.items()} == \
@@ -157,7 +159,9 @@ def test_rm_and_down_of_a_dozen_hosts_stop_exactly_theirs(testbed):
                 cmd = open(f"/proc/{proc}/cmdline", "rb").read().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if root.startswith(info["dir"] + "/") or info["dir"] + "/" in cmd:
+            upper = hosts.guest_upper(int(proc)) or ""  # a guest's root reads "/" from here
+            if root.startswith(info["dir"] + "/") or info["dir"] + "/" in cmd \
+                    or upper.startswith(info["dir"] + "/"):
                 left.append(cmd or root)
     assert left == []
     assert not os.path.exists(info["netns"])
