@@ -13,6 +13,7 @@ uv_cache_dir = None  # uv's cache on the node; None: uv's default (~root/.cache/
 # --- vLLM patch -----------------------------------------------------------------------------
 vllm_patch = True  # patch qwen3_5.py so --language-model-only builds no vision tower (False: vLLM's own file)
 language_model_only = True  # serve with --language-model-only (the checkpoint has no visual.* weights)
+trust_remote_code = False  # --trust-remote-code: run the model repo's own Python as the engine (True only for a repo you trust)
 
 # --- Model ------------------------------------------------------------------------------------
 model_repo = "Qwen/Qwen-AgentWorld-35B-A3B"  # hub repo of the checkpoint

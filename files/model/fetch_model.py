@@ -55,6 +55,7 @@ PARTIAL_DIR = ".rsync-partial"
 RECORD = f"{RECORD_DIR}/verified.json"
 HF_META_DIR = ".cache/huggingface"  # what `hf download --local-dir` keeps beside the files
 _CHUNK = 8 * 1024 * 1024
+SAFE_PATH = re.compile(r"[A-Za-z0-9._/+@=-]+")  # as the operator side's safe_repo_path
 
 
 class Failure(Exception):
@@ -326,6 +327,11 @@ def manifest_files(doc, req: dict) -> dict[str, dict]:
     out = {}
     for path, size in files.items():
         digest = sums.get(path)
+        # (a path out of the directory is refused with the others in run(): safe_relpath)
+        if not isinstance(path, str) or not SAFE_PATH.fullmatch(path) or len(path) > 1024 \
+                or any(len(p) > 200 for p in path.split("/")):
+            raise Failure(f"the depot's manifest for {want} names {str(path)[:100]!r}, expected "
+                          f"a path of short names (letters, digits, ._/+@=-)")
         if type(size) is not int or not 0 <= size < 1 << 50:
             raise Failure(f"the depot's manifest for {want}: size of {path[:100]!r} is "
                           f"{str(size)[:40]!r}, expected a byte count")
@@ -496,6 +502,10 @@ def main(argv: list[str]) -> int:
         run(req)
     except Failure as exc:
         print(f"servefleet: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except OSError as exc:  # a name too long, a file where the model directory goes, ...
+        print(f"servefleet: cannot fetch {req.get('repo_id')}@{str(req.get('sha'))[:12]}: "
+              f"{exc.strerror or exc}: {str(exc.filename)[:200]}", file=sys.stderr, flush=True)
         return 1
     return 0
 

@@ -31,10 +31,18 @@ def matches(path: str, include: list[str]) -> bool:
     return any(fnmatch.fnmatch(path, p + "*" if p.endswith("/") else p) for p in include)
 
 
+# What a node's file system takes (NAME_MAX 255 bytes a name), with room for the fetcher's
+# .incomplete and .rsync-partial names beside it; and a bound on the depth and whole path.
+MAX_NAME, MAX_PATH, MAX_DEPTH = 200, 1024, 16
+
+
 def safe_repo_path(path) -> bool:
-    """A file path a hub or depot may name: relative, normal, no '..', no control characters."""
+    """A file path a hub or depot may name: relative, normal, no '..', no control characters,
+    names and the path short enough for any node's file system."""
     return (isinstance(path, str) and path != "" and not path.startswith("/")
-            and all(part not in ("", ".", "..") for part in path.split("/"))
+            and len(path) <= MAX_PATH and path.count("/") < MAX_DEPTH
+            and all(part not in ("", ".", "..") and len(part) <= MAX_NAME
+                    for part in path.split("/"))
             and re.fullmatch(r"[A-Za-z0-9._/+@=-]+", path) is not None)
 
 

@@ -16,6 +16,8 @@ VLLM_OWNED = {
     "--max-model-len": "max_model_len", "--kv-cache-memory-bytes": "kv_cache_memory_bytes",
     "--language-model-only": "language_model_only",
     "--no-language-model-only": "language_model_only",
+    # Runs the repository's own Python as the engine: on only where the data says so.
+    "--trust-remote-code": "trust_remote_code", "--no-trust-remote-code": "trust_remote_code",
 }
 LLAMACPP_OWNED = {
     "--host": "service_host", "--port": "service_port", "--api-key": "api_key_file",

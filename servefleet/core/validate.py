@@ -67,8 +67,9 @@ URL = pattern("an http(s) URL without spaces", r"https?://[A-Za-z0-9._~:/?#\[\]@
 VERSION = pattern("a release version like 0.24.0", r"\d+(\.\d+)+")
 SHA = pattern("a 40-hex git commit sha", r"[0-9a-f]{40}")
 REVISION = Check(
-    "a branch, tag or 40-hex commit sha (letters, digits, '.', '_', '-', '/'; no '..')",
-    lambda v: _is_str(v) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", v) is not None
+    "a branch, tag or 40-hex commit sha (letters, digits, '.', '_', '-', '/'; no '..'; at most "
+    "128 characters)",
+    lambda v: _is_str(v) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}", v) is not None
     and ".." not in v and "//" not in v and not v.endswith("/") and not v.endswith(".lock"))
 REPO_ID = Check(
     "a hub repo id like org/name (letters, digits, '.', '_', '-'; no '..')",
@@ -77,6 +78,11 @@ REPO_ID = Check(
 # A command-line argument of the engine: no whitespace, quotes, backslashes or control characters.
 ARG = pattern("a string without whitespace, quotes, backslashes, control or bidi characters",
               r"[^\s'\"\\\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]+")
+# A name the API answers to, passed as a flag's value: never a flag itself (the engine's parser
+# would read "--trust-remote-code" as its own flag).
+SERVED_NAME = Check("a string without whitespace, quotes, backslashes, control or bidi "
+                    "characters, not starting with '-'",
+                    lambda v: ARG.ok(v) and not v.startswith("-"))
 
 # Account names: what useradd accepts on Debian/Ubuntu, and never an account that is root's.
 _SYSTEM_ACCOUNTS = {"root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news",

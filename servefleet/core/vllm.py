@@ -91,6 +91,8 @@ def serve_args(data, model: str) -> list[str]:
     ]
     if data["language_model_only"]:
         args.append("--language-model-only")
+    if data.get("trust_remote_code"):
+        args.append("--trust-remote-code")
     if data.get("kv_cache_memory_bytes") is not None:
         args += ["--kv-cache-memory-bytes", str(data["kv_cache_memory_bytes"])]
     return args + list(data.get("vllm_extra_args") or [])

@@ -13,11 +13,22 @@ from servefleet.verbs.rollout import ATTENTION, ROLLBACK, ROLLED_BACK, HostRollo
 
 
 def rollback(inventory: str, limit: list[str], data: dict | None,
-             say: Callable[[str], None]) -> RolloutReport:
-    """`servefleet rollback`: the previous release on the selected hosts, then their gate."""
-    report = RolloutReport(f"rollback-{time.strftime('%Y%m%dT%H%M%S')}")
+             say: Callable[[str], None], everything: bool = False) -> RolloutReport:
+    """`servefleet rollback`: the previous release on the selected hosts, then their gate.
+
+    A glob or group that selects more hosts than were named one by one is refused unless
+    `everything` (--all): `--limit '*'` would otherwise take the whole fleet back at once."""
+    report = RolloutReport(f"rollback-{time.strftime('%Y%m%dT%H%M%S')}", wanted=ROLLED_BACK)
     with api.session(inventory, limit, data, deploy=ROLLBACK) as sess:
         gone = dict(sess.unreachable)
+        selected = [h.name for h in sess.targets]
+    named = set(selected) & set(limit)
+    if len(selected) > len(named) and not everything:
+        report.refused, report.message = Exit.BAD_INPUT, (
+            f"--limit {' '.join(limit)[:80]!r} selects {len(selected)} hosts "
+            f"({', '.join(selected[:5])}{', ...' if len(selected) > 5 else ''}); rolling back more "
+            f"hosts than were named one by one needs --all; nothing was changed")
+        return report
     if gone:  # as a rollout: all selected hosts or none
         report.refused, report.message = Exit.UNREACHABLE, api.cannot_reach(gone)
         return report

@@ -22,6 +22,7 @@ machine finishes an interrupted rollout or rolls back.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import time
 import uuid
@@ -70,6 +71,7 @@ class RolloutReport:
     hosts: dict[str, HostRollout] = field(default_factory=dict)
     message: str = ""
     refused: int | None = None  # the exit code when the rollout refused to start
+    wanted: str = UPGRADED  # what a host that went well is: rolled back, for `rollback`
 
     @property
     def exit_code(self) -> int:
@@ -78,7 +80,7 @@ class RolloutReport:
         results = {h.result for h in self.hosts.values()}
         if ATTENTION in results:
             return Exit.NEEDS_ATTENTION
-        return Exit.OK if results <= {UPGRADED} and self.hosts else Exit.DIFFERS
+        return Exit.OK if results <= {self.wanted} and self.hosts else Exit.DIFFERS
 
     def to_dict(self) -> dict:
         return {"rollout_id": self.rollout_id, "message": self.message,
@@ -86,18 +88,31 @@ class RolloutReport:
                 "exit_code": int(self.exit_code)}
 
 
+BATCH = re.compile(r"([1-9][0-9]{0,5})(%?)")  # 2 or 25%: whole numbers, nothing else
+MAX_FAILURES = 100_000
+
+
+def batch_size(batch: str) -> tuple[int, bool]:
+    """--batch N (hosts, 1..999999) or P% (of the hosts, 1..100) -> (N or P, is a percentage)."""
+    m = BATCH.fullmatch(str(batch).strip())
+    if not m or (m[2] and int(m[1]) > 100):
+        raise DataError(f"--batch {str(batch)[:40]!r}: expected a number of hosts (2) or a "
+                        f"percentage of them from 1% to 100% (25%)")
+    return int(m[1]), bool(m[2])
+
+
+def max_failures_of(value) -> int:
+    """--max-failures K: the failed hosts tolerated, 0..MAX_FAILURES."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_FAILURES:
+        raise DataError(f"--max-failures {value!r}: expected a number of hosts from 0 to "
+                        f"{MAX_FAILURES}")
+    return value
+
+
 def batches(names: list[str], batch: str) -> list[list[str]]:
     """--batch N or P% (of the hosts, rounded up, at least one) -> the batches in order."""
-    text = str(batch).strip()
-    try:
-        size = (math.ceil(len(names) * float(text[:-1]) / 100) if text.endswith("%")
-                else int(text))
-    except ValueError:
-        raise DataError(f"--batch {batch!r}: expected a number of hosts (2) or a percentage "
-                        f"(25%)") from None
-    if size < 1 and not text.endswith("%"):
-        raise DataError(f"--batch {batch!r}: expected at least 1 host")
-    size = max(size, 1)
+    n, percent = batch_size(batch)
+    size = max(math.ceil(len(names) * n / 100), 1) if percent else n
     return [names[i:i + size] for i in range(0, len(names), size)]
 
 
@@ -113,8 +128,10 @@ class Rollout:
     def __init__(self, inventory: str, deploy: str, batch: str, max_failures: int,
                  limit: list[str] | None, data: dict | None, say: Callable[[str], None],
                  perf_gate: bool = True):
+        batch_size(batch)  # refused here, before any host is reached
         self.inventory, self.deploy, self.batch = inventory, deploy, batch
-        self.max_failures, self.limit, self.data, self.say = max_failures, limit, data, say
+        self.max_failures, self.limit, self.data, self.say = (max_failures_of(max_failures),
+                                                               limit, data, say)
         self.recipe = recipe_of(deploy)
         if self.recipe not in contract.SERVING:
             raise DataError(f"rollout: {deploy} is not a serving recipe "

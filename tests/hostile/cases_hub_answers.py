@@ -154,6 +154,12 @@ CASES = [
          tree_then([{"type": "file", "path": "../../etc/passwd", "size": 1}]), revision=SHA),
     case("a file with a size of true", "with size True",
          tree_then([{"type": "file", "path": "a.json", "size": True}]), revision=SHA),
+    case("a file with a 5,000-character path", "not a plain relative path",
+         tree_then([{"type": "file", "path": "a" * 5000, "size": 1}]), revision=SHA),
+    case("a file 40 directories deep", "not a plain relative path",
+         tree_then([{"type": "file", "path": "d/" * 40 + "a.json", "size": 1}]), revision=SHA),
+    case("a file with a 255-character name", "not a plain relative path",
+         tree_then([{"type": "file", "path": "x/" + "n" * 255, "size": 1}]), revision=SHA),
     case("a file with a numeric oid", "with oid '5'",
          tree_then([{"type": "file", "path": "a.json", "size": 1, "oid": 5}]), revision=SHA),
 ]

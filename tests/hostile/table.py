@@ -15,7 +15,7 @@ from typing import Callable
 
 CATEGORIES = ("data values", "fleet.yml files", "GGUF files", "safetensors indexes",
               "config.json", "hub requests", "hub answers", "depot paths", "patch targets",
-              "key files", "crash inputs", "model directories")
+              "key files", "crash inputs", "model directories", "command-line arguments")
 
 
 @dataclass(frozen=True)

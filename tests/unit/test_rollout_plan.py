@@ -26,7 +26,8 @@ def test_batches_keep_inventory_order_and_round_up(batch, sizes):
     assert [h for g in groups for h in g] == HOSTS
 
 
-@pytest.mark.parametrize("batch", ["0", "-2", "two", "%", "x%", ""])
+@pytest.mark.parametrize("batch", ["0", "-2", "two", "%", "x%", "", "inf%", "1e400%", "0%",
+                                   "101%", "-50%", "1.5", "\uff12"])
 def test_a_bad_batch_is_refused_with_what_is_expected(batch):
     with pytest.raises(DataError, match="--batch"):
         batches(HOSTS, batch)

@@ -165,6 +165,9 @@ def test_serve_args_are_the_recipe(spark):
                             "vllm_extra_args": ["--gpu-memory-utilization", "0.85"]}, "/m")
     assert "--kv-cache-memory-bytes" not in auto and "--language-model-only" not in auto
     assert auto[-2:] == ["--gpu-memory-utilization", "0.85"]
+    # Remote code (the repo's own Python, run as the engine) only when the data turns it on.
+    assert "--trust-remote-code" not in args and spark["trust_remote_code"] is False
+    assert "--trust-remote-code" in vllm.serve_args({**spark, "trust_remote_code": True}, "/m")
 
 
 def test_exec_line_quotes_for_systemd():
