@@ -133,7 +133,6 @@ class PerfGate:
             out[name] = (state, said, after)
         return out
 
-
     def passed_again(self, sess, verdicts: dict[str, tuple[perf.Figures, str]]) -> None:
         """The new release's figures on its record again, with the verdict that let it in."""
         def one(host):

@@ -379,7 +379,8 @@ class Rollout:
                 self.say(f"{name}: failed: {self.report.hosts[name].detail}")
             if failed:
                 self._rollback(failed, slower)
-                failures += len(failed) - len(self._bracket(slower))
+                upgraded_again = self._bracket(slower)  # the node slowed, not the release
+                failures += len(failed) - len(upgraded_again)
             if failures > self.max_failures:
                 rest = [n for g in groups[number:] for n in g]
                 self.report.message = (f"stopped after {failures} failed host(s) (--max-failures "

@@ -1,5 +1,6 @@
 """One testbed guest: an overlayfs over the base image, seeded, booted with systemd-nspawn."""
 
+import functools
 import os
 import secrets
 import shutil
@@ -200,13 +201,18 @@ def system_state(record: HostRecord) -> str:
     return out.stdout.strip() or "unreachable"
 
 
+@functools.cache
+def _own_pid_ns() -> str:
+    return os.readlink("/proc/self/ns/pid")
+
+
 def guest_upper(pid: int) -> str | None:
     """The overlay upper directory of the root a process runs in, when it is in a PID namespace
     of its own (a guest's): how a guest's processes are known from outside. Their root reads `/`
     and their command line is just systemd's; the mount table of their namespace names the
     upper directory, even after an earlier overlay of it was unmounted lazily."""
     try:
-        if os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid"):
+        if os.readlink(f"/proc/{pid}/ns/pid") == _own_pid_ns():
             return None
         with open(f"/proc/{pid}/mountinfo", "rb") as fh:
             for line in fh:
