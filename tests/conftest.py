@@ -126,8 +126,9 @@ def fleet_file(testbed, ssh_key, tmp_path):
 # needs, so a module does not depend on which half ran before it. Within a half, modules run in
 # this order; test_zz_teardown, which takes its instance down, comes last in its half.
 E2E_HALVES = {
-    "e2e-hosts": ["test_testbed", "test_base", "test_drift", "test_models", "test_spark",
-                  "test_security", "test_status_bench", "test_rebuild", "test_zz_teardown"],
+    "e2e-hosts": ["test_testbed", "test_node_output", "test_base", "test_drift", "test_models",
+                  "test_spark", "test_security", "test_status_bench", "test_rebuild",
+                  "test_zz_teardown"],
     "e2e-llama": ["test_drift_recipes", "test_llamacpp", "test_rollout"],
 }
 _HALF_OF = {module: (half, pos) for half, modules in E2E_HALVES.items()

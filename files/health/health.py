@@ -2,36 +2,61 @@
 """Check a serving node's engine: unit state, /health, the KV-cache log lines, one chat, settle.
 
 Pushed by servefleet to {servefleet_root}/bin/ and run there as root, after a (re)start and as
-a rollout's gate, for both engines (vLLM, llama.cpp). Standard library only.
+a rollout's gate, for both engines (vLLM, llama.cpp). Standard library only, and bin/'s
+engine_client.py: every answer of the engine is read through it (one deadline for connect,
+headers and body; bounded bytes and JSON depth; strict types; redirects never followed).
 
     health.py --url URL --model NAME [--unit UNIT] [--key-file FILE] [--timeout S] [--settle S]
               [--expect-tokens N --expect-concurrency X.XX --max-model-len L]
               [--kv-not-compared WHY] [--expect-stopped] [--log-file FILE]
 
 1. --expect-stopped: the unit must be inactive (the data says it is stopped); nothing else.
-2. Poll GET /health every second until 200, or fail as soon as the unit is failed, in
-   auto-restart (a crash loop counts as failing) or has restarted since the check began, or
-   after --timeout. A failure prints the unit's journal.
+2. Poll GET /health every second until 200 (each probe within 5 s), or fail as soon as the
+   unit is failed, in auto-restart (a crash loop counts as failing) or has restarted since the
+   check began, or at the deadline: --timeout seconds after the check began, for steps 2 to 4
+   together. A failure prints the unit's journal.
 3. With --expect-*: read this start's journal (the unit's InvocationID; or --log-file) for
    vLLM's "GPU KV cache size: N tokens" and "Maximum concurrency for L tokens per request: X.XXx"
    and fail on any difference from plan-kv's numbers, naming both.
 4. POST /v1/chat/completions with one short message (Bearer key read from --key-file, never
-   from the command line) and require a choice with a message.
-5. --settle S: /health must stay 200 and the unit must neither restart nor stop for S seconds.
-Prints one JSON line with what it saw; exit status 0 when all passed, 1 otherwise.
+   from the command line) and require a choice with a message, before the same deadline.
+5. --settle S: /health must stay 200 and the unit must neither restart nor stop for S seconds
+   (each probe within 5 s). The whole check ends within --timeout + --settle + 5 s.
+Prints one JSON line with what it saw; exit status 0 when all passed, 1 otherwise (an answer
+the reader refuses is one line on stderr, like any other problem).
 """
 
 import argparse
+import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+
+
+def _engine_client():
+    """bin/engine_client.py, beside this script on the node (python -I leaves the script's own
+    directory off sys.path; bin/ is root's), loaded by its file name; in the source tree
+    (this file is files/health/health.py) files/engine_client/engine_client.py."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    path = os.path.join(here, "engine_client.py")
+    if not os.path.isfile(path) and __file__.endswith(".py"):
+        path = os.path.join(os.path.dirname(here), "engine_client", "engine_client.py")
+    spec = importlib.util.spec_from_file_location("engine_client", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+engine = _engine_client()
 
 KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+PROBE_S = 5.0  # one GET /health at most (never past the check's deadline)
+LAST_PROBE_S = 0.5  # the least time left worth a probe
+CHAT_SHOWN = 200  # characters of the chat's answer kept in the report
 
 
 def parse_engine_log(lines):
@@ -73,7 +98,7 @@ def read_key(path):
     if not path:
         return None
     with open(path) as handle:
-        return handle.readline().strip() or None
+        return handle.readline(4096).strip() or None
 
 
 class Unit:
@@ -102,14 +127,20 @@ class Unit:
         return out if invocation else out[-lines:]
 
 
-def get_health(url):
+def get_health(url, deadline):
+    """(status, error) of one GET /health, read within `deadline` (a Deadline) and 5 s."""
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
-            return resp.status, None
-    except urllib.error.HTTPError as exc:
-        return exc.code, f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
-        return None, str(getattr(exc, "reason", exc))
+        answer = engine.request(url, "GET", "/health", deadline.sooner(PROBE_S), what="/health",
+                                max_bytes=64 << 10)
+    except engine.EngineError as exc:
+        return None, str(exc)
+    try:
+        answer.body()
+        return answer.status, None if answer.status == 200 else f"HTTP {answer.status}"
+    except engine.EngineError as exc:
+        return None, str(exc)
+    finally:
+        answer.close()
 
 
 def unit_trouble(unit, state, baseline_restarts):
@@ -127,30 +158,34 @@ def unit_trouble(unit, state, baseline_restarts):
     return None
 
 
-def wait_healthy(url, unit, timeout, sleep=time.sleep, now=time.monotonic):
-    deadline = now() + timeout
+def wait_healthy(url, unit, deadline, sleep=time.sleep, now=time.monotonic):
+    """None once /health answers 200 before `deadline` (a Deadline, or seconds from now), else
+    why not."""
+    if not isinstance(deadline, engine.Deadline):
+        deadline = engine.Deadline(deadline, now)
     baseline = int(unit.show().get("NRestarts") or 0)
-    last = None
     while True:
-        status, error = get_health(url)
+        status, error = get_health(url, deadline)
         if status == 200:
             return None
         last = error or f"HTTP {status}"
         trouble = unit_trouble(unit, unit.show(), baseline)
         if trouble:
             return f"{trouble} before /health answered 200 (last answer: {last})"
-        if now() >= deadline:
-            return f"no healthy /health at {url} after {timeout} s (last answer: {last})"
-        sleep(1)
+        if deadline.left() < LAST_PROBE_S:  # no probe that the deadline would cut short
+            return (f"no healthy /health at {url} after {deadline.seconds:g} s (last answer: "
+                    f"{last})")
+        sleep(max(0.0, min(1.0, deadline.left() - LAST_PROBE_S)))
 
 
-def settle(url, unit, seconds, sleep=time.sleep, now=time.monotonic):
-    """/health stays 200 and the unit keeps its invocation for `seconds`."""
+def settle(url, unit, seconds, sleep=time.sleep):
+    """/health stays 200 and the unit keeps its invocation for `seconds` (each probe within
+    5 s: the period ends within seconds + 5)."""
     first = unit.show()
-    deadline = now() + seconds
-    while now() < deadline:
-        sleep(1)
-        status, error = get_health(url)
+    period = engine.Deadline(seconds)
+    while not period.passed():
+        sleep(max(0.0, min(1.0, period.left())))
+        status, error = get_health(url, engine.Deadline(PROBE_S))
         state = unit.show()
         if state and state.get("InvocationID") != first.get("InvocationID"):
             return f"{unit.name} restarted during the {seconds} s settle period"
@@ -162,77 +197,31 @@ def settle(url, unit, seconds, sleep=time.sleep, now=time.monotonic):
     return None
 
 
-MAX_ANSWER_BYTES = 1 << 20  # a 16-token answer is a few hundred bytes
-MAX_JSON_DEPTH = 64
-
-
-def _constant(name):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def read_answer(resp, deadline, now=time.monotonic):
-    """The engine's answer: at most MAX_ANSWER_BYTES, all of it before the deadline (an endless
-    or dripping answer from a hostile engine fails the check instead of holding it)."""
-    chunks, size = [], 0
-    while True:
-        if now() > deadline:
-            raise ValueError("the answer did not end in time")
-        chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > MAX_ANSWER_BYTES:
-            raise ValueError(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
-        chunks.append(chunk)
-
-
-def parse_answer(data):
-    """Strict, bounded JSON: no NaN/Infinity, at most MAX_JSON_DEPTH levels (checked before
-    parsing: deep nesting would end the parser in a RecursionError)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in data:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:
-                escaped = True
-            elif byte == 0x22:
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_JSON_DEPTH:
-                raise ValueError(f"the answer nests deeper than {MAX_JSON_DEPTH} levels")
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-    return json.loads(data, parse_constant=_constant)
-
-
-def chat(url, model, key, timeout=300):
-    body = json.dumps({"model": model, "max_tokens": 16, "temperature": 0,
-                       "messages": [{"role": "user", "content": "Say hello in one word."}]})
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body.encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
+def chat(url, model, key, deadline):
+    """(text, None) when one short chat completion answers with a message before `deadline`
+    (a Deadline), else (None, why)."""
+    body = {"model": model, "max_tokens": 16, "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hello in one word."}]}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    what = "chat completion"
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            answer = parse_answer(read_answer(resp, time.monotonic() + timeout))
-    except urllib.error.HTTPError as exc:
-        return None, f"chat completion: HTTP {exc.code} {exc.read(300)!r}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return None, f"chat completion: {exc}"
-    try:
-        message = answer["choices"][0]["message"]
-        text = message.get("content") or message.get("reasoning_content") or ""
-        if not isinstance(text, str):
-            raise TypeError(type(text).__name__)
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return None, f"chat completion: unexpected answer {json.dumps(answer)[:300]}"
-    return text, None
+        answer = engine.request(url, "POST", "/v1/chat/completions", deadline, body, headers,
+                                what=what)
+        try:
+            doc = answer.expect(200).json()
+        finally:
+            answer.close()
+        choices = engine.items(engine.field(doc, "choices", what), f"{what}: 'choices'")
+        if not choices:
+            raise engine.EngineError(f"{what}: 'choices' is empty")
+        choice = engine.obj(choices[0], f"{what}: choice 0")
+        message = engine.obj(engine.field(choice, "message", what), f"{what}: 'message'")
+        content = engine.text(message.get("content"), f"{what}: 'content'", optional=True)
+        reasoning = engine.text(message.get("reasoning_content"),
+                                f"{what}: 'reasoning_content'", optional=True)
+    except engine.EngineError as exc:
+        return None, str(exc)
+    return (content or reasoning or "")[:CHAT_SHOWN], None
 
 
 def main(argv=None):
@@ -261,7 +250,8 @@ def main(argv=None):
             problems.append(f"{args.unit} is {state.get('ActiveState')}, the data says stopped")
     else:
         started = time.monotonic()
-        waited = wait_healthy(args.url, unit, args.timeout)
+        deadline = engine.Deadline(args.timeout)  # the wait and the chat, together
+        waited = wait_healthy(args.url, unit, deadline)
         report["waited_s"] = round(time.monotonic() - started, 1)
         if waited:
             problems.append(waited)
@@ -283,7 +273,7 @@ def main(argv=None):
                                       "concurrency": args.expect_concurrency}
                 problems += compare(seen, args.expect_tokens, args.expect_concurrency,
                                     args.max_model_len)
-            text, error = chat(args.url, args.model, read_key(args.key_file))
+            text, error = chat(args.url, args.model, read_key(args.key_file), deadline)
             report["chat"] = text
             if error:
                 problems.append(error)

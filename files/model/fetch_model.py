@@ -62,8 +62,19 @@ class Failure(Exception):
     """A runtime failure of this host: printed as one line, exit status 1."""
 
 
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(msg: str) -> str:
+    """A message for the operator, whole and on one line, whatever bytes a file name in it
+    holds: a byte that is not UTF-8 as \\xNN, a newline or a control character escaped (the
+    operator's side reads node output as UTF-8 lines)."""
+    text = msg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return _UNPRINTABLE.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
+
 def log(msg: str) -> None:
-    print(f"servefleet: {msg}", flush=True)
+    print(one_line(f"servefleet: {msg}"), flush=True)
 
 
 # -- pure helpers (unit-tested on the operator side) -------------------------------------------
@@ -501,11 +512,12 @@ def main(argv: list[str]) -> int:
     try:
         run(req)
     except Failure as exc:
-        print(f"servefleet: {exc}", file=sys.stderr, flush=True)
+        print(one_line(f"servefleet: {exc}"), file=sys.stderr, flush=True)
         return 1
     except OSError as exc:  # a name too long, a file where the model directory goes, ...
-        print(f"servefleet: cannot fetch {req.get('repo_id')}@{str(req.get('sha'))[:12]}: "
-              f"{exc.strerror or exc}: {str(exc.filename)[:200]}", file=sys.stderr, flush=True)
+        print(one_line(f"servefleet: cannot fetch {req.get('repo_id')}@"
+                       f"{str(req.get('sha'))[:12]}: {exc.strerror or exc}: "
+                       f"{str(exc.filename)[:200]}"), file=sys.stderr, flush=True)
         return 1
     return 0
 

@@ -143,6 +143,9 @@ def release_items(records: Releases, running: str | None, should_run: bool) -> l
     its data: say from what it was rolled back. A release installed but never found healthy
     (a failed start, a converge interrupted before its restart) is drift too."""
     items = []
+    if records.unreadable:
+        return [item("release", False, "release records as servefleet writes them",
+                     records.unreadable)]
     if records.rolled_back_from:
         current = records.current.describe if records.current else "no release"
         items.append(item("release", False,

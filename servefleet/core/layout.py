@@ -71,6 +71,11 @@ class NodeLayout:
                 self.state_dir)
 
     @property
+    def engine_hidden_dirs(self) -> tuple[str, ...]:
+        """What no engine may read: the secrets (etc/) and root's records (state/)."""
+        return (self.etc_dir, self.state_dir)
+
+    @property
     def writable_dirs(self) -> tuple[str, ...]:
         """The only directories the service user may write (owned by it, 0750)."""
         return (self.cache_dir, self.models_dir)

@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from servefleet.core import sandbox
+from servefleet.core import records, sandbox
 from servefleet.core import systemd as sd
 from servefleet.core.layout import LLAMA_UNIT, NodeLayout
 
@@ -87,9 +87,9 @@ def parse_builds(lines: list[str]) -> Builds:
         if kind == "build":
             name, _, text = rest.partition(" ")
             try:
-                record = json.loads(text)
-            except ValueError:
-                continue  # a half-written record is no build
+                record = records.load(text, f"build record {name}")
+            except records.RecordError:
+                continue  # a half-written (or a deep, or a twice-keyed) record is no build
             if isinstance(record, dict):
                 builds.records[name] = record
         elif kind == "current" and rest.strip():
@@ -203,7 +203,8 @@ def unit_context(data, model_dir: str, override_kv) -> dict:
         "description": sd.text(data["served_model_name"]),
         "sandbox": sandbox.properties([lay.cache_dir], gpu=bool(data["require_gpu"]),
                                       memory_deny_write_execute=True,
-                                      syscall_filter=data["service_syscall_filter"]),
+                                      syscall_filter=data["service_syscall_filter"],
+                                      hidden_paths=lay.engine_hidden_dirs),
         "gpu_setup": sandbox.gpu_setup_line() if data["require_gpu"] else None,
         "timeout_start_s": int(data["health_timeout_s"]),
     }

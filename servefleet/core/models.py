@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from servefleet.core import node_output, records
 from servefleet.core.errors import DataError
 from servefleet.core.secrets import SECRET_RE, SecretError, read_secret
 
@@ -244,16 +245,23 @@ def split_record(lines: list[str]) -> tuple[dict | None, dict[str, int]]:
     if SIZES_MARKER not in lines:
         return None, {}
     cut = lines.index(SIZES_MARKER)
-    try:
-        record = json.loads("\n".join(lines[:cut]))
-    except ValueError:
+    try:  # strict and bounded (a deep record would end in a RecursionError): else unverified
+        text = node_output.decode(lines[:cut], "the verified-model record").decode("utf-8")
+        record = records.load(text, "the verified-model record")
+    except (node_output.NodeOutputError, UnicodeDecodeError, records.RecordError):
         record = None
-    on_disk = {}
-    for line in lines[cut + 1:]:
-        size, _, path = line.partition(" ")
-        if size.isdigit():
-            on_disk[path] = int(size)
+    try:  # names as bytes (base64, NUL between): a newline or a non-UTF-8 byte is a name's
+        raw = node_output.decode(lines[cut + 1:], "the model directory's listing")
+        on_disk = (node_output.sized_names(raw) if len(raw) <= node_output.MAX_LISTING
+                   else {LISTING_UNREADABLE: -1})
+    except node_output.NodeOutputError:
+        on_disk = {LISTING_UNREADABLE: -1}  # never verified: nothing is known of the files
     return (record if isinstance(record, dict) else None), on_disk
+
+
+# What stands for the files when the listing could not be read (cut short, too long): a name
+# no file has, so the record never verifies, and the reason says why.
+LISTING_UNREADABLE = "(the directory's listing could not be read in full)"
 
 
 def satisfies(record: dict | None, repo_id: str, sha: str, include: list[str]) -> bool:
@@ -270,11 +278,14 @@ def invalid_record_reason(record: dict | None, on_disk: dict[str, int]) -> str:
     resized = sorted(p for p, s in record["files"].items() if p in on_disk and on_disk[p] != s)
     unlisted = sorted(set(on_disk) - set(record["files"]))
     parts = []
+    if LISTING_UNREADABLE in on_disk:
+        return LISTING_UNREADABLE
+    shown = node_output.shown
     if missing:
-        parts.append("missing: " + ", ".join(missing))
+        parts.append("missing: " + ", ".join(map(shown, missing)))
     if resized:
-        parts.append("size changed: " + ", ".join(resized))
+        parts.append("size changed: " + ", ".join(map(shown, resized)))
     if unlisted:
-        parts.append("not part of the model: " + ", ".join(unlisted[:10])
+        parts.append("not part of the model: " + ", ".join(map(shown, unlisted[:10]))
                      + (f" (+{len(unlisted) - 10} more)" if len(unlisted) > 10 else ""))
     return "; ".join(parts) or "record unreadable"

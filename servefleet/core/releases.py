@@ -15,6 +15,18 @@ import json
 import posixpath
 from dataclasses import asdict, dataclass, field, replace
 
+from servefleet.core import records as rc
+from servefleet.core.records import RecordError
+
+ENGINES = ("vllm", "llama.cpp")
+# A release's health check, as recipes/serving.py gate_args writes it: key -> allowed types.
+GATE_TYPES = {"script": str, "python": str, "url": str, "model": str, "unit": str,
+              "key_file": (str, type(None)), "timeout_s": int, "settle_s": int,
+              "expect_stopped": bool, "kv_config": (str, type(None)),
+              "kv_data": (dict, type(None)), "engine_version": (str, type(None)),
+              "kv_user": str}
+MAX_KEPT = 64  # previous releases a record may list (releases_keep is far below)
+
 
 @dataclass(frozen=True)
 class Release:
@@ -62,13 +74,45 @@ class Release:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, doc) -> "Release | None":
-        if not isinstance(doc, dict):
+    def from_json(cls, doc, what: str = "a release") -> "Release | None":
+        """The release a record holds (None for null); RecordError when a field is not what
+        servefleet writes: its unit is installed, its prefix linked and its gate run by root."""
+        if doc is None:
             return None
-        try:
-            return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
-        except TypeError:
-            return None
+        rc.only_keys(doc, cls.__dataclass_fields__, what)
+        engine = doc.get("engine")
+        if engine not in ENGINES:
+            raise RecordError(f"{what}: 'engine' is not one of {', '.join(ENGINES)}")
+        gate = doc.get("gate", {})
+        rc.only_keys(gate, GATE_TYPES, f"{what}'s gate")
+        for key, value in gate.items():
+            kinds = GATE_TYPES[key]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and kinds is int):
+                raise RecordError(f"{what}'s gate: {key!r} has the wrong type")
+        perf, argv = doc.get("perf"), doc.get("probe_argv", [])
+        if perf is not None and not isinstance(perf, dict):
+            raise RecordError(f"{what}: 'perf' is not an object")
+        if not (isinstance(argv, (list, tuple)) and len(argv) <= 64
+                and all(isinstance(a, str) and len(a) <= 4096 for a in argv)):
+            raise RecordError(f"{what}: 'probe_argv' is not a list of words")
+        return cls(engine=engine, version=rc.text(doc, "version", what, 64),
+                   prefix=rc.abs_path(doc, "prefix", what), unit=rc.unit_name(doc, "unit", what),
+                   unit_text=_unit_text(doc, what),
+                   model_repo=rc.text(doc, "model_repo", what),
+                   model_revision=rc.text(doc, "model_revision", what, 128),
+                   model_sha=rc.hex_text(doc, "model_sha", what, (40, 64), optional=True),
+                   model_dir=rc.abs_path(doc, "model_dir", what),
+                   data_digest=rc.text(doc, "data_digest", what, 128),
+                   commit=rc.hex_text(doc, "commit", what, tuple(range(7, 65)), optional=True),
+                   gate=gate, recorded_at=rc.text(doc, "recorded_at", what, 64) or "",
+                   perf=perf, probe_argv=tuple(argv))
+
+
+def _unit_text(doc: dict, what: str) -> str:
+    value = doc.get("unit_text")
+    if not isinstance(value, str) or len(value) > 256 * 1024 or "\x00" in value:
+        raise RecordError(f"{what}: 'unit_text' is not a unit file's text")
+    return value
 
 
 @dataclass(frozen=True)
@@ -76,6 +120,9 @@ class Releases:
     current: Release | None = None
     previous: tuple[Release, ...] = ()  # newest first
     rolled_back_from: Release | None = None
+    # Set when releases.json is there but cannot be read (core.records): no record is known,
+    # and nothing may be written over it or rolled back from it.
+    unreadable: str | None = None
 
     def to_json(self) -> dict:
         return {"current": self.current.to_json() if self.current else None,
@@ -85,12 +132,25 @@ class Releases:
 
     @classmethod
     def from_json(cls, doc) -> "Releases":
-        if not isinstance(doc, dict):
-            return cls()
-        previous = tuple(r for r in (Release.from_json(d) for d in doc.get("previous") or [])
-                         if r is not None)
-        return cls(Release.from_json(doc.get("current")), previous,
-                   Release.from_json(doc.get("rolled_back_from")))
+        """The release records (releases.json); RecordError where a part is not servefleet's."""
+        rc.only_keys(doc, ("current", "previous", "rolled_back_from"), "the release records")
+        previous = doc.get("previous") or []
+        if not isinstance(previous, list) or len(previous) > MAX_KEPT:
+            raise RecordError("the release records: 'previous' is not a list of at most "
+                              f"{MAX_KEPT}")
+        kept = tuple(Release.from_json(d, f"previous release {i + 1}")
+                     for i, d in enumerate(previous))
+        if any(r is None for r in kept):
+            raise RecordError("the release records: a previous release is null")
+        return cls(Release.from_json(doc.get("current"), "the current release"), kept,
+                   Release.from_json(doc.get("rolled_back_from"),
+                                     "the release rolled back from"))
+
+    @classmethod
+    def loads(cls, text: str) -> "Releases":
+        """The release records of a text (none for an empty file); RecordError."""
+        doc = rc.load(text, "the release records")
+        return cls() if doc is None else cls.from_json(doc)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
@@ -184,8 +244,20 @@ class RolloutMarker:
 
     @classmethod
     def loads(cls, text: str) -> "RolloutMarker | None":
-        try:
-            doc = json.loads(text)
-            return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
-        except (ValueError, TypeError, KeyError):
+        """The marker of rollout.json's text (None for an empty file); RecordError."""
+        what = "rollout.json"
+        doc = rc.load(text, what)
+        if doc is None:
             return None
+        rc.only_keys(doc, cls.__dataclass_fields__, what)
+        if doc.get("phase") not in ("converging", "gating", "rolling-back"):
+            raise RecordError(f"{what}: 'phase' is not converging, gating or rolling-back")
+        extra = doc.get("extra", {})
+        if not isinstance(extra, dict):
+            raise RecordError(f"{what}: 'extra' is not an object")
+        return cls(rollout_id=rc.text(doc, "rollout_id", what, 128),
+                   target_digest=rc.text(doc, "target_digest", what, 128),
+                   phase=doc["phase"], from_release=rc.text(doc, "from_release", what, 128,
+                                                            optional=True),
+                   started_at=rc.text(doc, "started_at", what, 64, optional=True) or "",
+                   extra=extra)

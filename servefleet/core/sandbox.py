@@ -40,16 +40,24 @@ SYSCALL_WORD = re.compile(r"~?@?[a-z][a-z0-9_-]{0,63}")
 
 def properties(read_write_paths: list[str], gpu: bool, memory_deny_write_execute: bool,
                syscall_filter=DEFAULT_SYSCALL_FILTER,
-               address_families=("AF_INET", "AF_INET6", "AF_UNIX")) -> list[tuple[str, str]]:
+               address_families=("AF_INET", "AF_INET6", "AF_UNIX"),
+               hidden_paths: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """(setting, value) pairs, in unit-file order; values are plain (no quoting needed).
 
     read_write_paths: the only places the engine may write (everything else is read-only).
+    hidden_paths: what the engine may not even read (InaccessiblePaths=, `-`: a path that does
+    not exist yet is no error): the node root's etc/ and state/. The secrets there (the hub
+    token and the depot key, which the model fetcher reads) and root's records are handed to
+    no engine; its API key reaches it through systemd (LoadCredential=, EnvironmentFile=, read
+    by PID 1 before the sandbox applies).
     gpu: the NVIDIA character devices are allowed (nothing else is, DevicePolicy=closed).
     memory_deny_write_execute: no memory both writable and executable (W^X).
     syscall_filter: SystemCallFilter= words (an allow list, `~` entries removed from it).
     """
     props = [
         ("ReadWritePaths", " ".join(sd.setting(p) for p in read_write_paths)),
+        *([("InaccessiblePaths", " ".join("-" + sd.setting(p) for p in hidden_paths))]
+          if hidden_paths else []),
         ("ProtectSystem", "strict"),
         ("ProtectHome", "yes"),
         ("PrivateTmp", "yes"),
@@ -160,7 +168,8 @@ EXPLAIN_AWK = shlex.quote(
 # --- a recorded unit's sandbox, read back: a rollback probes the unit it restarts into ---------
 
 SANDBOX_KEYS = frozenset(key for key, _ in properties(["/"], gpu=True,
-                                                       memory_deny_write_execute=True))
+                                                       memory_deny_write_execute=True,
+                                                       hidden_paths=("/x",)))
 
 
 class UnitReadError(ValueError):

@@ -133,7 +133,8 @@ def unit_context(data, model: str) -> dict:
         "sandbox": sandbox.properties(lay.writable_dirs, gpu=bool(data["require_gpu"]),
                                       memory_deny_write_execute=MEMORY_DENY_WRITE_EXECUTE,
                                       syscall_filter=data["service_syscall_filter"],
-                                      address_families=ADDRESS_FAMILIES),
+                                      address_families=ADDRESS_FAMILIES,
+                                      hidden_paths=lay.engine_hidden_dirs),
         "gpu_setup": sandbox.gpu_setup_line() if data["require_gpu"] else None,
     }
 

@@ -12,8 +12,10 @@ of the node base cost 23 commands per node. With a plan, a no-op check costs one
 A read of a fact that is not planned is an ordinary `host.get_fact`. Each fact keeps its own
 command and parser, so each stays unit-testable on its own and means the same batched or not:
 its exit status and stdout are separated by a marker line carrying a random nonce (a file the
-fact prints cannot forge a marker), a non-zero status gives the fact's default as pyinfra
-would, and so does an empty stdout or a missing `requires_command` tool.
+fact prints cannot forge a marker). An empty stdout or a missing `requires_command` tool gives
+the fact's default, as pyinfra does. A fact whose status is not 0, or whose answer was cut
+short (no marker after it), is read again alone: pyinfra then fails the host as it does for
+that fact alone, never a default that looks like an answer.
 
 A plan may grow as the steps learn more (a path that depends on another fact's answer): the
 first read of a planned fact without an answer reads every planned fact without one.
@@ -76,6 +78,10 @@ class Batch(FactBase):
         # line after it carries its index and exit status.
         return "; ".join(f"( {cmd}\n) 2>/dev/null; printf '\\n{nonce} {i} %s\\n' \"$?\""
                          for i, cmd in enumerate(commands))
+
+    @staticmethod
+    def default():
+        return {}  # pyinfra's answer for no output: every fact is then read again alone
 
     def process(self, output: list[str]):
         return split_batch(output, self.nonce)
@@ -146,4 +152,12 @@ def get(host, cls: type[FactBase], **kwargs):
         commands = tuple(command_of(c, dict(kw)) for c, kw in todo)
         results = host.get_fact(Batch, nonce=secrets.token_hex(8), commands=commands)
         known.update(answers(todo, results or {}))
+        # Fewer answers than facts (none at all included): the reader stopped early (pyinfra's
+        # stops at a line that is not UTF-8). A read that failed has failed the host already.
+        if host not in host.state.failed_hosts:
+            for index, (c, kw) in enumerate(todo):
+                if not results.get(index, (False, []))[0]:
+                    # Failed, or cut short (no marker): read alone, so that pyinfra does what
+                    # it does with that fact alone (it fails the host, with its one line).
+                    known[(c, kw)] = host.get_fact(c, **dict(kw))
     return known[key]

@@ -13,6 +13,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from servefleet.core import node_output, records
 from servefleet.core.layout import NodeLayout
 from servefleet.core.models import SIZES_MARKER, parse_verified, split_record
 
@@ -37,14 +38,17 @@ def _as_user(user: str, script: str, *args: str) -> str:
 
 # Lists every entry that is not a directory (a planted symlink or FIFO counts as an unlisted
 # file), skipping servefleet's and hf's own folders and rsync's partial files.
+# Names as bytes: NUL after each, base64 on the wire (core.node_output), bounded.
 _LIST = ("cd \"$1\" 2>/dev/null || exit 0; find . \\( -path ./.servefleet -o -path ./.cache "
-         "-o -name .rsync-partial \\) -prune -o ! -type d -printf '%s %P\\n'")
+         "-o -name .rsync-partial \\) -prune -o ! -type d -printf '%s %P\\0' "
+         f"| head -c {node_output.MAX_LISTING + 1} | {node_output.ENCODE}")
 
 
 class _ModelRecordBase(FactBase):
     def command(self, path, record, user):
-        return (f"if [ -f {shlex.quote(record)} ]; then cat {shlex.quote(record)}; echo; "
-                f"echo '{SIZES_MARKER}'; {_as_user(user, _LIST, path)}; fi")
+        r = shlex.quote(record)
+        return (f"if [ -f {r} ] && [ ! -L {r} ]; then head -c {records.MAX_BYTES + 1} {r} "
+                f"| {node_output.ENCODE}; echo '{SIZES_MARKER}'; {_as_user(user, _LIST, path)}; fi")
 
 
 class VerifiedModel(_ModelRecordBase):
@@ -74,7 +78,7 @@ _READ = (f"f=\"$1\"; if [ -L \"$f\" ]; then echo '{FILE_MARKER} symlink'; "
          f"elif [ ! -e \"$f\" ]; then :; "
          f"elif [ ! -f \"$f\" ]; then echo '{FILE_MARKER} not-regular'; "
          f"else echo '{FILE_MARKER} ok'; dd if=\"$f\" iflag=nofollow,nonblock,count_bytes "
-         f"count=\"$2\" status=none; fi")
+         f"count=\"$2\" status=none | {node_output.ENCODE}; fi")
 
 
 class ModelFile(FactBase):
@@ -91,8 +95,12 @@ class ModelFile(FactBase):
         status = output[0][len(FILE_MARKER):].strip()
         if status != "ok":
             return (f"{status.replace('-', ' ')}: refused", None)
-        text = "\n".join(output[1:])
-        return None, text
+        try:  # the bytes as they are on disk (base64): text only when they are UTF-8
+            return None, node_output.decode(output[1:], "a model file").decode("utf-8")
+        except UnicodeDecodeError:
+            return ("not UTF-8 text: refused", None)
+        except node_output.NodeOutputError as exc:
+            return (f"{exc}: refused", None)
 
 
 def file_problem(result, max_bytes: int) -> tuple[str | None, str | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
+from servefleet.core import node_output
 from servefleet.core.node import (NVIDIA_SMI_QUERY, PATH_CHAIN_FORMAT, parse_account,
                                   parse_installed_debs, parse_meminfo, parse_nvidia_smi,
                                   parse_os_release, parse_path_chain, parse_path_stat)
@@ -82,10 +83,12 @@ class DirEntries(FactBase):
     default = list
 
     def command(self, path):
-        return StringCommand("ls -1A", QuoteString(path), "2>/dev/null || true")
+        # Names as bytes (core.node_output): a newline or a non-UTF-8 byte stays in its name.
+        return StringCommand("find", QuoteString(path), "-mindepth 1 -maxdepth 1 -printf '%P\\0'",
+                             f"2>/dev/null | {node_output.ENCODE}")
 
     def process(self, output):
-        return [line.strip() for line in output if line.strip()]
+        return sorted(node_output.names(node_output.decode(output, "a directory's names")))
 
 
 class InstalledDebs(FactBase):

@@ -1,49 +1,57 @@
-"""The node's release records (servefleet.core.releases), read from its state dir."""
+"""The node's release records (servefleet.core.releases), read from its state dir. Each is read
+only when it is a regular file (core.records.read_command) and parsed strictly; a record that is
+there but cannot be read is reported as such, never as an empty one."""
 
 from __future__ import annotations
 
-import json
-import shlex
-
 from pyinfra.api import FactBase
 
+from servefleet.core import records as rc
 from servefleet.core.releases import Releases, RolloutMarker
 
 
 class RunningRelease(FactBase):
-    """The id of the release the service was last started with and found healthy, or None."""
+    """The id of the release the service was last started with and found healthy, or None;
+    core.records.Unreadable when running.json is there but is not {"release": "<12 hex>"}."""
 
     def command(self, path: str):
-        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+        return rc.read_command(path)
 
     def process(self, output):
         try:
-            doc = json.loads("\n".join(output))
-        except ValueError:
-            return None
-        return doc.get("release") if isinstance(doc, dict) else None
+            doc = rc.load(rc.from_node(output, "running.json"), "running.json")
+            if doc is None:
+                return None
+            rc.only_keys(doc, ("release",), "running.json")
+            return rc.hex_text(doc, "release", "running.json", (12,))
+        except rc.RecordError as exc:
+            return rc.Unreadable(str(exc))
 
 
 class RolloutMarkerFact(FactBase):
-    """The in-progress rollout marker of a node, or None."""
+    """The in-progress rollout marker of a node, None, or core.records.Unreadable."""
 
     def command(self, path: str):
-        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+        return rc.read_command(path)
 
     def process(self, output):
-        return RolloutMarker.loads("\n".join(output))
+        try:
+            return RolloutMarker.loads(rc.from_node(output, "rollout.json"))
+        except rc.RecordError as exc:
+            return rc.Unreadable(str(exc))
 
 
 class NodeReleases(FactBase):
-    """The releases.json of a node as `Releases` (empty when there is none or it is unreadable)."""
+    """The releases.json of a node as `Releases`: empty when there is none, with `unreadable`
+    set when it is there but cannot be read."""
 
     default = Releases
 
     def command(self, path: str):
-        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+        return rc.read_command(path)
 
     def process(self, output):
         try:
-            return Releases.from_json(json.loads("\n".join(output)))
-        except ValueError:
-            return Releases()
+            return Releases.loads(rc.from_node(output, "the release records"))
+        except rc.RecordError as exc:
+            return Releases(unreadable=str(exc))

@@ -12,6 +12,7 @@ from pyinfra.api import StringCommand, operation
 
 from servefleet.core import releases as rel
 from servefleet.core import sandbox
+from servefleet.core.records import Unreadable
 from servefleet.facts import batch
 from servefleet.facts.releases import NodeReleases, RunningRelease
 from servefleet.operations.node import fail_host, upload
@@ -36,6 +37,10 @@ def record(releases_file: str, release, keep: int, bounds: list[str]):
     **Example:** servefleet.recipes.releases.record fills every argument.
     """
     current = batch.get(host, NodeReleases, path=releases_file)
+    if current.unreadable:
+        yield fail_host(f"{host.name}: {current.unreadable}; it was left as it is, nothing "
+                        "recorded (move it aside to start the records afresh)")
+        return
     new = release()
     if current.current and current.current.id == new.id and not current.rolled_back_from:
         host.noop(f"release {new.describe} is recorded")
@@ -87,6 +92,10 @@ def rollback(releases_file: str, running_file: str, unit_dir: str, llama_current
     """
     records = batch.get(host, NodeReleases, path=releases_file)
     running = batch.get(host, RunningRelease, path=running_file)
+    unreadable = records.unreadable or (running if isinstance(running, Unreadable) else None)
+    if unreadable:
+        yield fail_host(f"{host.name}: {unreadable}; nothing was rolled back")
+        return
     current = records.current
     if current is not None and running == current.id and not force_previous:
         back = records  # an attempt that failed before installing: current is still healthy

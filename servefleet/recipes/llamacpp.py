@@ -55,6 +55,7 @@ def plan_reads() -> None:
         *base.upload_reads(lay.bin("servefleet-llama-build"), lay.bin("gguf_header.py"),
                            lay.bin("servefleet-gguf-lint"),
                            lay.bin("servefleet-llama-preflight"), lay.bin("servefleet-health"),
+                           lay.bin(serving.ENGINE_CLIENT_NAME),
                            lay.unit_path(logic.UNIT)),
         (GgufLint, _lint_args(model)),
         (File, {"path": lay.api_key_file}),

@@ -21,6 +21,10 @@ from servefleet.recipes import base
 from servefleet.recipes.service import AnyChanged, ServiceRun
 
 HEALTH_SCRIPT = "files/health/health.py"
+# The one reader of the engine's answers (deadline, byte and depth bounds, strict types): the
+# health check and the bench (servefleet.verbs.bench) load it from bin/, beside themselves.
+ENGINE_CLIENT = "files/engine_client/engine_client.py"
+ENGINE_CLIENT_NAME = "engine_client.py"
 
 
 def service_reads(lay: NodeLayout, unit: str) -> list:
@@ -64,6 +68,8 @@ def health(label: str, svc: ServiceRun, gate: dict) -> None:
     """Only when the service was (re)started in this run: the gate, then the running release
     recorded (state/running.json: what a later run compares with what it installs)."""
     lay = base.layout()
+    node.upload(name="Engine answer reader", dest=lay.bin(ENGINE_CLIENT_NAME),
+                content=open(ENGINE_CLIENT, "rb").read(), mode="644")
     node.upload(name="Health check script", dest=lay.bin("servefleet-health"),
                 content=open(HEALTH_SCRIPT, "rb").read(), mode="755")
     health_ops.check(name=label, **gate, _if=svc.started)

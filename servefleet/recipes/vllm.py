@@ -51,6 +51,7 @@ def plan_reads() -> None:
         *vllm_preflight.model_file_reads(model, data["servefleet_user"]),
         (SafetensorsBytes, {"path": model, "user": data["servefleet_user"]}), (MemoryBytes, {}),
         *base.upload_reads(lay.bin("servefleet-evict-page-cache"), lay.bin("servefleet-health"),
+                           lay.bin(serving.ENGINE_CLIENT_NAME),
                            lay.unit_path(logic.UNIT)),
         *[(File, {"path": p}) for p in (lay.api_key_file, lay.vllm_env_file)],
         *([(File, {"path": data["vllm_executable"]})] if data.get("vllm_executable") else []),

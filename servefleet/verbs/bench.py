@@ -1,5 +1,6 @@
 """Per-node serving benchmark (`servefleet bench`): the field method, run on each node against
-its own API (files/bench/stream_bench.py), with the node's API key file when it has one.
+its own API (files/bench/stream_bench.py, which reads the engine through bin/engine_client.py,
+uploaded beside it), with the node's API key file when it has one, within BENCH_TIMEOUT_S.
 
 `--compare`: each node measured now against the figures its previous release recorded (a
 performance-gated rollout keeps them in the release records, core.releases.Release.perf), by
@@ -18,9 +19,12 @@ from servefleet.core.layout import NodeLayout, api_url
 from servefleet.facts.releases import NodeReleases
 from servefleet.operations.node import put, run
 from servefleet.recipes.base import python
+from servefleet.recipes.serving import ENGINE_CLIENT, ENGINE_CLIENT_NAME
 from servefleet.verbs import session as api
 
 SCRIPT = Path("files") / "bench" / "stream_bench.py"
+BENCH_TIMEOUT_S = 900  # the node-side bench's deadline: every request of one measurement
+RESULT_BYTES = 1 << 20  # the bench's JSON line, at most
 
 
 @dataclass
@@ -48,23 +52,72 @@ def bench_host(host, runs: int, prompt_tokens: int, max_tokens: int) -> NodeResu
     data = host.data.dict()
     lay = NodeLayout.of(data)
     script = lay.bin("servefleet-stream-bench")
-    if not put(host.state, host, script, SCRIPT.read_bytes(), mode="755"):
+    if not put(host.state, host, lay.bin(ENGINE_CLIENT_NAME), Path(ENGINE_CLIENT).read_bytes()) \
+            or not put(host.state, host, script, SCRIPT.read_bytes(), mode="755"):
         return NodeResult(host.name, False, "could not upload the bench script")
     args = [python(), "-I", script, "--url", api_url(data), "--runs", str(runs),
-            "--prompt-tokens", str(prompt_tokens), "--max-tokens", str(max_tokens)]
+            "--prompt-tokens", str(prompt_tokens), "--max-tokens", str(max_tokens),
+            "--timeout", str(BENCH_TIMEOUT_S)]
     if data.get("served_model_name"):
         args += ["--model", data["served_model_name"]]
     # The key the node serves with, read there (the operator may not hold the key file).
     args += ["--api-key-file", lay.api_key_file]
     ok, out, err = run(host, " ".join(shlex.quote(a) for a in args))
+    return read_result(host.name, data, ok, out, err)
+
+
+def read_result(name: str, data, ok: bool, out: str, err: str) -> NodeResult:
+    """What the node-side bench's run says: its figures when both were measured, else why not
+    (its last line on stderr: one line for an answer the engine reader refused)."""
     if not ok:
         lines = (err or out).strip().splitlines()
-        return NodeResult(host.name, False, lines[-1] if lines else "the bench failed")
-    raw = json.loads(out.strip().splitlines()[-1])
+        return NodeResult(name, False, lines[-1][:300] if lines else "the bench failed")
+    raw = result_line(out)
+    if isinstance(raw, str):
+        return NodeResult(name, False, raw)
     top = roofline(data.get("memory_bandwidth_bytes_per_s"), data.get("bytes_per_token"))
-    decode = raw["median_decode_tok_s"]
-    return NodeResult(host.name, True, None, raw["prompt_tokens"], raw["median_ttft_s"], decode,
-                      top, decode / top if top and decode else None, raw["runs"])
+    decode = perf.measured(raw.get("median_decode_tok_s"))
+    ttft = perf.measured(raw.get("median_ttft_s"))
+    why = unmeasured(raw, decode, ttft)
+    if why:  # never a figure that passes: the gate measures again, then is inconclusive
+        return NodeResult(name, False, f"not measured: {why}", runs=raw["runs"])
+    prompt = raw.get("prompt_tokens")
+    return NodeResult(name, True, None,
+                      prompt if isinstance(prompt, int) and not isinstance(prompt, bool) else None,
+                      ttft, decode, top, decode / top if top else None, raw["runs"])
+
+
+def unmeasured(raw: dict, decode, ttft) -> str | None:
+    """Why the bench's figures are not both measured (what the bench said, or the figure that
+    is missing, NaN, infinite or not positive), or None."""
+    said = raw.get("unmeasured")
+    if isinstance(said, list) and said:
+        return "; ".join(str(s)[:120] for s in said[:4])
+    missing = [name for name, value in (("decode tok/s", decode), ("TTFT", ttft)) if value is None]
+    return f"the bench gave no {' and no '.join(missing)}" if missing else None
+
+
+def result_line(out: str) -> dict | str:
+    """The bench's JSON line (its last line of output) as a dict whose runs are a list of
+    objects, or why it is not one. NaN and Infinity are not JSON here: a figure the bench could
+    not measure is null, and perf.measured() reads anything else that is not a positive finite
+    number as not measured."""
+    lines = out.strip().splitlines()
+    line = lines[-1] if lines else ""
+    if len(line) > RESULT_BYTES:
+        return f"the bench printed a result line of {len(line)} bytes"
+
+    def constant(name):
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        raw = json.loads(line, parse_constant=constant)
+    except (ValueError, RecursionError) as exc:
+        return f"the bench printed no JSON result ({str(exc)[:80]})"
+    if not isinstance(raw, dict) or not isinstance(raw.get("runs"), list) \
+            or not all(isinstance(r, dict) for r in raw["runs"]):
+        return "the bench's result has no list of runs"
+    return raw
 
 
 def bench(inventory: str, limit=None, runs=5, prompt_tokens=2048, max_tokens=256):

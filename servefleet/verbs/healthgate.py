@@ -17,9 +17,15 @@ def gate(host, **overrides) -> tuple[bool, str, float]:
     """Run the health check of the release the node records as current, now: (passed, what it
     said, seconds). Each release carries its own check, so a rolled-back host is gated as the
     release it serves, whatever the data says now."""
-    records = host.get_fact(NodeReleases, path=NodeLayout.of(host.data).releases_file)
+    lay = NodeLayout.of(host.data)
+    records = host.get_fact(NodeReleases, path=lay.releases_file)
+    if records.unreadable:
+        return False, f"{records.unreadable}; the health check was not run", 0.0
     if records.current is None or not records.current.gate:
         return False, "no release recorded on this host: converge it first", 0.0
+    wrong = gate_problem(records.current.gate, lay, host.data)
+    if wrong:
+        return False, f"the current release's gate {wrong}; the health check was not run", 0.0
     started = time.monotonic()
     argv = health.argv(**{**records.current.gate, **overrides})
     ok, out, err = run(host, " ".join(shlex.quote(a) for a in argv))
@@ -37,6 +43,19 @@ def gate(host, **overrides) -> tuple[bool, str, float]:
     problems = report.get("problems") or [line for line in err.splitlines()
                                           if line.startswith("servefleet")][-1:]
     return False, "; ".join(problems) or "the health check failed", seconds
+
+
+def gate_problem(gate: dict, lay: NodeLayout, data) -> str | None:
+    """Root runs a recorded gate: only servefleet's health script with one of the data's
+    interpreters (recipes/serving.py gate_args), never what a record names."""
+    if gate.get("script") != lay.bin("servefleet-health"):
+        return (f"names the script {str(gate.get('script'))[:80]!r}, not "
+                f"{lay.bin('servefleet-health')}")
+    table = data.get("python_interpreter") or {}
+    allowed = set(table.values()) if isinstance(table, dict) else {table}
+    if gate.get("python") not in allowed:
+        return f"names the interpreter {str(gate.get('python'))[:80]!r}, not one of the data's"
+    return None
 
 
 def release_of(host) -> str | None:

@@ -11,13 +11,11 @@ interrupted rollout compares with it.
 
 from __future__ import annotations
 
-import json
-import shlex
 import time
 from dataclasses import replace
 from typing import Callable
 
-from servefleet.core import perf
+from servefleet.core import perf, records
 from servefleet.core.layout import NodeLayout
 from servefleet.core.releases import Releases, with_perf
 from servefleet.operations.node import put, run
@@ -34,19 +32,21 @@ def _now() -> str:
 def read_releases(host) -> Releases:
     """releases.json as it is now (not a fact: the gate writes it during one session)."""
     path = NodeLayout.of(host.data).releases_file
-    ok, out, _ = run(host, f"cat {shlex.quote(path)} 2>/dev/null || true")
+    ok, out, _ = run(host, records.read_command(path))
+    if not ok:
+        return Releases(unreadable=f"{path} could not be read")
     try:
-        return Releases.from_json(json.loads(out)) if ok and out.strip() else Releases()
-    except ValueError:
-        return Releases()
+        return Releases.loads(records.from_node(out.splitlines(), "the release records"))
+    except records.RecordError as exc:
+        return Releases(unreadable=str(exc))
 
 
 def keep(host, figures: perf.Figures) -> bool:
     """The figures on the node's current release record; False when there is none."""
-    records = read_releases(host)
-    if records.current is None:
+    kept = read_releases(host)
+    if kept.current is None or kept.unreadable:
         return False
-    updated = with_perf(records, records.current.id, figures.to_json())
+    updated = with_perf(kept, kept.current.id, figures.to_json())
     path = NodeLayout.of(host.data).releases_file
     return updated is not None and put(host.state, host, path, updated.dumps().encode())
 

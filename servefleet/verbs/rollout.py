@@ -34,6 +34,7 @@ from servefleet.core.data import recipe_of
 from servefleet.core.errors import DataError, Exit
 from servefleet.core.layout import NodeLayout
 from servefleet.core.releases import RolloutMarker
+from servefleet.core.records import Unreadable
 from servefleet.facts.releases import RolloutMarkerFact
 from servefleet.operations.node import put, run
 from servefleet.verbs import session as api
@@ -163,6 +164,8 @@ class Rollout:
             def look(host):
                 marker = host.get_fact(RolloutMarkerFact,
                                        path=NodeLayout.of(host.data).rollout_marker)
+                if isinstance(marker, Unreadable):  # never guess which phase it was in
+                    return False, f"{marker}; the host was not touched"
                 if marker is not None:  # an interrupted rollout: finished or rolled back now
                     self.resumed[host.name] = marker
                     return True, f"resuming rollout {marker.rollout_id} ({marker.phase})"

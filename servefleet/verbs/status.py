@@ -82,6 +82,8 @@ def node_status(host) -> NodeStatus:
                                f"{shlex.quote(api_url(data) + '/health')} || true")
         st.health = out.strip() if out.strip() not in ("", "000") else "down"
         records = host.get_fact(NodeReleases, path=NodeLayout.of(data).releases_file)
+        if records.unreadable:
+            st.error = records.unreadable
         current = records.current
         if current:
             # What serves: the current release's model, checked against its verified record.

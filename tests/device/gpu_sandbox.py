@@ -97,6 +97,29 @@ def node_tree(lay) -> None:
         os.makedirs(d, exist_ok=True)
         os.chown(d, user.pw_uid, user.pw_gid)
         os.chmod(d, 0o750)
+    for d in (lay.etc_dir, lay.state_dir):
+        os.makedirs(d, mode=0o755, exist_ok=True)
+    # The hub token as recipes/models.py uploads it (0400, the fetching service user's): a canary.
+    with open(lay.hf_token_file, "w") as f:
+        f.write("canary-hf-token\n")
+    os.chown(lay.hf_token_file, user.pw_uid, 0)
+    os.chmod(lay.hf_token_file, 0o400)
+
+
+def secrets_hidden(unit: Path, lay) -> dict:
+    """The engine's sandbox cannot read the hub token nor root's records; its user outside can."""
+    seen = {}
+    for path in (lay.hf_token_file, lay.state_dir):
+        res = subprocess.run([sys.executable, str(REPO / "tests/device/sandbox_exec.py"),
+                              str(unit), "--argv", "/bin/ls", "-la", path],
+                             capture_output=True, text=True)
+        seen[path] = {"rc": res.returncode, "said": [ln for ln in (res.stdout + res.stderr).splitlines()
+                                                 if not ln.startswith("sandbox_exec:")][:4]}
+    outside = subprocess.run(["runuser", "-u", USER, "--", "cat", lay.hf_token_file],
+                             capture_output=True, text=True)
+    seen["outside"] = {"rc": outside.returncode, "read": outside.stdout.strip()}
+    log(f"secrets from inside the vLLM sandbox: {json.dumps(seen)}")
+    return seen
 
 
 def render(template: str, context: dict, name: str) -> Path:
@@ -290,8 +313,11 @@ def cmd_vllm_serve(mdwe: str) -> int:
     model = f"{lay.models_dir}/servefleet-tests--tiny-qwen35moe/{SHA}"
     unit = render("files/vllm/servefleet-vllm.service.j2", vllm.unit_context(d, model),
                   "servefleet-vllm.service")
+    node_tree(lay)
+    hidden = secrets_hidden(unit, lay)
     result = serve(unit, d["service_port"], "tiny", f"vllm-sandbox-mdwe-{mdwe}", 420,
                    "--mdwe", mdwe, "--setenv", "VLLM_USE_FLASHINFER_SAMPLER=0")
+    (OUT / "vllm-secrets.json").write_text(json.dumps(hidden, indent=1))
     return 0 if result.get("chat") else 1
 
 

@@ -14,7 +14,8 @@ Applied from the unit file itself (one source: what servefleet rendered):
   default PATH when the unit sets none;
 - a mount namespace: every mount read-only (ProtectSystem=strict; ProtectKernelTunables and
   ProtectControlGroups: /sys and /proc/sys too) but the unit's ReadWritePaths=; /tmp and
-  /var/tmp private (PrivateTmp=); /home, /root, /run/user empty (ProtectHome=); a /dev that
+  /var/tmp private (PrivateTmp=); InaccessiblePaths= under mode-000 nodes; /home, /root,
+  /run/user empty (ProtectHome=); a /dev that
   holds only what DevicePolicy=closed + DeviceAllow= allow on this machine's /proc/devices (the
   model in servefleet_dev/testing/sandbox_model.py), plus a private /dev/shm and /dev/pts;
 - NoNewPrivileges= (PR_SET_NO_NEW_PRIVS);
@@ -178,6 +179,28 @@ def private_dev(unit_text: str) -> list[str]:
     return keep
 
 
+def hide(paths) -> None:
+    """InaccessiblePaths=: an empty mode-000 read-only directory (or file) over each path, as
+    systemd's /run/systemd/inaccessible/ nodes are; `-` in front: a missing path is no error."""
+    for word in paths:
+        optional, path = word.startswith("-"), word.lstrip("-")
+        if not os.path.lexists(path):
+            if optional:
+                continue
+            raise OSError(errno.ENOENT, "InaccessiblePaths=", path)
+        if os.path.isdir(path):
+            mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "mode=000,size=4k")
+        else:
+            empty = "/run/sandbox-exec-inaccessible"
+            with open(empty, "w"):
+                pass
+            os.chmod(empty, 0)
+            mount(empty, path, None, MS_BIND)
+            mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        log(f"hidden: {path}")
+
+
 def mount_namespace(unit: dict[str, list[str]], unit_text: str) -> None:
     check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -198,6 +221,7 @@ def mount_namespace(unit: dict[str, list[str]], unit_text: str) -> None:
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.EACCES):  # hidden/overmounted points
                 raise
+    hide(p for v in unit.get("InaccessiblePaths", []) for p in v.split())
     for path in ("/tmp", "/var/tmp"):  # PrivateTmp=
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     for path in ("/home", "/root", "/run/user"):  # ProtectHome=yes

@@ -178,6 +178,40 @@ def test_units_are_hardened(served, th, host, unit):
     assert th(host).service(unit).is_running  # and it still serves, hardened
 
 
+@pytest.mark.parametrize("host,unit", [("spark-1", "servefleet-vllm.service"),
+                                       ("rtx4090-1", "servefleet-llama.service")])
+def test_the_engine_cannot_read_the_fetchers_secrets(served, th, host, unit):
+    """The hub token and the depot key are the model fetcher's: 0400, owned by the service user,
+    which the engine runs as too. From inside the running engine's own sandbox (its mount
+    namespace, its uid and gid) neither can be read, nor root's records; the same user outside
+    that sandbox reads the secrets, so it is the unit that hides them, not a mode."""
+    h = th(host)
+    pid = h.check_output(f"systemctl show -P MainPID {unit}").strip()
+    assert pid.isdigit() and pid != "0", pid
+    uid, gid = h.check_output(f"stat -c '%u %g' /proc/{pid}").split()
+    assert h.check_output(f"id -u servefleet").strip() == uid
+    planted = []
+    for name in ("hf-token", "depot-key"):
+        path = f"{ROOT}/etc/{name}"
+        if not h.file(path).exists:  # as the recipes write them (etc/ is made, the files not)
+            h.run_test(f"install -m 400 -o servefleet -g servefleet /dev/null {path} && "
+                       f"echo canary-{name} > {path}")
+            planted.append(path)
+    inside = f"nsenter -t {pid} -m -S {uid} -G {gid} --"
+    try:
+        for path in (f"{ROOT}/etc/hf-token", f"{ROOT}/etc/depot-key",
+                     f"{ROOT}/state/releases.json"):
+            got = h.run(f"{inside} cat {path}")
+            assert got.rc != 0 and "Permission denied" in got.stderr, (path, got.stdout[:80])
+        for path in (f"{ROOT}/etc/hf-token", f"{ROOT}/etc/depot-key"):
+            assert h.run(f"runuser -u servefleet -- cat {path}").rc == 0, path
+        # ...and the engine still reads what it serves from: its models and its cache.
+        assert h.run(f"{inside} ls {ROOT}/models {ROOT}/cache").rc == 0
+    finally:
+        for path in planted:
+            h.run(f"rm -f {path}")
+
+
 def test_a_service_user_that_is_not_servefleets_is_refused_before_anything_changes(served, th):
     """servefleet_user naming a group the node has (video: GPU access; systemd-journal: every
     log; staff: /usr/local) or an account of someone else: the preflight refuses it in one
@@ -289,6 +323,37 @@ def test_a_hostile_models_root_is_never_followed_by_root(served, th):
     assert h.check_output(f"cat {canary}/f") == "secret"
     assert pyinfra("inventory/testbed.py", NODES["spark-1"], limit="spark-1").changed == 0
     h.run(f"rm -rf {canary}")
+
+
+def test_names_that_are_not_utf8_or_hold_a_newline_reach_the_operator_whole(served, th):
+    """The engine plants a file whose name is not UTF-8 and one whose name forges a line of
+    the listing (`config.json<newline>10 model.safetensors`). pyinfra reads node output as
+    UTF-8 lines; the names travel base64-encoded, so drift names both, escaped, on one line
+    each (never "verified"), status says the model is not verified, and a converge removes
+    them with no traceback; the next converge changes nothing."""
+    h = th("spark-1")
+    model = h.check_output(f"ls -d {SPARK_MODEL}/*/").split()[-1].rstrip("/")
+    plant = (f"import os; d = os.fsencode({model!r}); "
+             "open(d + b'/bad\\xffname.safetensors', 'w').write('x'); "
+             "open(d + b'/config.json\\n10 model.safetensors', 'w').write('x')")
+    h.run_test(f"runuser -u servefleet -- python3 -c {shlex.quote(plant)}")
+    rc, report = _drift("spark-1")
+    assert rc == 1, report
+    said = json.dumps(report)
+    assert "bad\\\\xffname.safetensors" in said, said[-3000:]  # \xff as JSON writes it
+    assert "config.json\\\\n10 model.safetensors" in said, said[-3000:]
+    status = subprocess.run([sys.executable, "-m", "servefleet.cli", "status",
+                             "inventory/testbed.py", "--limit", "spark-1", "--json"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert "Traceback" not in status.stderr, status.stderr[-3000:]
+    assert json.loads(status.stdout)[0]["model"].endswith("(not verified)"), status.stdout
+    run = pyinfra("inventory/testbed.py", NODES["spark-1"], limit="spark-1", timeout=900)
+    assert "Traceback" not in run.output and "UnicodeDecodeError" not in run.output, \
+        run.output[-3000:]
+    assert run.returncode == 0, run.output[-3000:]
+    left = h.check_output(f"find {model} -name 'bad*' -o -name 'config.json?10*'")
+    assert left == "", left
+    assert pyinfra("inventory/testbed.py", NODES["spark-1"], limit="spark-1").changed == 0
 
 
 def _drift(host: str):

@@ -17,6 +17,7 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -172,28 +173,30 @@ def evict_follows_no_link():
         assert (report["files"], report["bytes"]) == (1, len(PAYLOAD)), report
 
 
-class _Endless:
-    """An engine answer that never ends."""
-
-    def read1(self, n):
-        return b"[" * n
-
-
 def answer_refused(name: str, data: bytes, expected: str):
     def attempt():
         try:
-            HEALTH.parse_answer(data)
-        except ValueError as exc:
-            return f"chat completion: {exc}"
+            HEALTH.engine.loads(data, "chat completion")  # the reader health.py reads through
+        except HEALTH.engine.EngineError as exc:
+            return str(exc)
         return None
     return refused(CATEGORY, name, expected, attempt)
 
 
 def endless_answer():
+    """An answer that never ends, on a socket: the reader stops at its byte bound."""
+    ours, engine = socket.socketpair()
+    engine.sendall(b"[" * 65536)  # and the reader's own bound does the rest: more than fits
+    reader = HEALTH.engine
+    stream = reader._Stream(ours, reader.Deadline(5), "chat completion")
+    answer = reader.Answer(stream, 200, "OK", {}, "POST", 32768)
     try:
-        HEALTH.read_answer(_Endless(), deadline=float("inf"))
-    except ValueError as exc:
-        return f"chat completion: {exc}"
+        answer.body()
+    except reader.EngineError as exc:
+        return str(exc)
+    finally:
+        ours.close()
+        engine.close()
     return None
 
 

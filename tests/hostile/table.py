@@ -15,7 +15,8 @@ from typing import Callable
 
 CATEGORIES = ("data values", "fleet.yml files", "GGUF files", "safetensors indexes",
               "config.json", "hub requests", "hub answers", "depot paths", "patch targets",
-              "key files", "crash inputs", "model directories", "command-line arguments")
+              "key files", "crash inputs", "model directories", "command-line arguments",
+              "node records", "node output", "engine answers")
 
 
 @dataclass(frozen=True)

