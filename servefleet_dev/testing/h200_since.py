@@ -1,12 +1,13 @@
 """What the units gained after the last H200 run, by exact line: the evidence there is today's
 unit less these lines, and nothing else. Emptied when tests/device/gpunode.sh and
-tests/device/gpu_sandbox.sh are run again (the plans are in their headers; no device was lent
-in the session that added them)."""
+tests/device/gpu_sandbox.sh are run again (the plans are in their headers). A line goes here
+only when a unit changes in a session with no device lent."""
 
 from __future__ import annotations
 
-# #27: no engine reads the fetcher's secrets or root's records (core/sandbox.py hidden_paths).
-SINCE_THE_RUN = ("InaccessiblePaths=-/opt/servefleet/etc -/opt/servefleet/state",)
+# Empty: the GPU node and the vLLM sandbox were run again on 2026-12-06 (an H100 was lent that
+# day) with #27's InaccessiblePaths= line in both units.
+SINCE_THE_RUN: tuple[str, ...] = ()
 
 
 def as_run_on_the_h200(rendered: str) -> str:

@@ -54,7 +54,9 @@ def test_the_units_that_served_on_the_h200_are_todays(rendered, name):
 def test_vllm_served_a_chat_under_the_sandbox_with_mdwe():
     result = json.loads((EVIDENCE / "vllm-server.json").read_text())
     assert result["health_s"] and result["chat"]["choices"][0]["message"]["role"] == "assistant"
-    assert "--mdwe" in result["args"] and "unit" in result["args"]  # as the unit says: yes
+    # MDWE as the unit says (2026-12-03) or forced on (the rerun of 2026-12-06): the unit says
+    # yes (below), and the sandbox reports it applied.
+    assert result["args"][:2] in (["--mdwe", "unit"], ["--mdwe", "on"])
     started = [ln for ln in result["sandbox_lines"] if "system calls allowed" in ln]
     assert started and "as servefleet, mdwe True" in started[0]
     log = (EVIDENCE / "vllm-server.log").read_text()
@@ -62,6 +64,20 @@ def test_vllm_served_a_chat_under_the_sandbox_with_mdwe():
     assert "/dev/nvidia0" in next(ln for ln in log.splitlines() if "/dev holds" in ln)
     unit = (EVIDENCE / "servefleet-vllm.service").read_text()
     assert "MemoryDenyWriteExecute=yes" in unit.splitlines()
+
+
+def test_the_vllm_engine_in_its_sandbox_could_not_read_the_token_or_the_records():
+    """#27 rule 1 for vLLM on the GPU (rerun of 2026-12-06, an H100): sandbox_exec applies the
+    unit's InaccessiblePaths=; as the engine inside it the token and state/ are denied, the
+    same user outside reads the token; then the engine served under that sandbox."""
+    seen = json.loads((EVIDENCE / "vllm-secrets.json").read_text())
+    assert seen["/opt/servefleet/etc/hf-token"]["rc"] != 0
+    assert "Permission denied" in seen["/opt/servefleet/etc/hf-token"]["said"][0]
+    assert "Permission denied" in seen["/opt/servefleet/state"]["said"][0]
+    assert seen["outside"] == {"rc": 0, "read": "canary-hf-token"}
+    lines = json.loads((EVIDENCE / "vllm-server.json").read_text())["sandbox_lines"]
+    assert {"sandbox_exec: hidden: /opt/servefleet/etc",
+            "sandbox_exec: hidden: /opt/servefleet/state"} <= set(lines)
 
 
 def test_without_af_netlink_the_engine_died_at_start():

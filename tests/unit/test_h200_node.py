@@ -1,5 +1,6 @@
 """The real GPU node (tests/fixtures/h200/node/, made by tests/device/gpunode.sh on the lent
-H200): the 4090 recipe converged a guest with real systemd and the GPU bound in, over SSH as the
+GPU machine: an H200 on 2026-12-03, an H100 80GB HBM3 on the rerun of 2026-12-06, both Hopper,
+sm_90, driver 580 with the open module): the 4090 recipe converged a guest with real systemd and the GPU bound in, over SSH as the
 sudo admin. These tests hold that evidence to what the issue asks and to today's code: the unit
 that served there is exactly what servefleet renders now for that node's data, so a change to
 the unit fails here until the H200 run is made again."""
@@ -18,6 +19,8 @@ from servefleet.core.systemd import render_unit
 from servefleet_dev.testbed import gpunode, hosts
 from servefleet_dev.testing.h200_since import as_run_on_the_h200
 
+# The lent machine's GPU (the group's CMAKE_CUDA_ARCHITECTURES = 90 is built for either).
+LENT_GPU = re.compile(r"NVIDIA H(100|200)\b")
 ROOT = Path(__file__).resolve().parents[2]
 NODE = ROOT / "tests" / "fixtures" / "h200" / "node"
 
@@ -68,14 +71,14 @@ def test_the_recipe_converged_the_gpu_node_under_real_systemd():
     allowed = set(show["DeviceAllow"].split(", "))
     assert {f"char-{g} rw" for g in sandbox.NVIDIA_DEVICE_GROUPS} <= allowed
     assert doc["systemd"].startswith("systemd 252") and doc["systemd"].endswith("running")
-    assert "NVIDIA H200" in doc["gpu"] and ", 580." in doc["gpu"]
+    assert LENT_GPU.match(doc["gpu"]) and ", 580." in doc["gpu"]
     assert doc["serving"]["health"] == "200" and doc["serving"]["chat_role"] == "assistant"
     # The weights on the GPU: llama-server (the unit's main process) holds GPU memory, and its
     # log lists CUDA0. b9785 prints no "offloaded N/N layers" line at its default verbosity.
     pid = show["MainPID"]
     assert any(line.split(",")[0] == pid and "llama-server" in line
                for line in doc["serving"]["gpu_apps"].splitlines())
-    assert any("CUDA0" in line and "NVIDIA H200" in line for line in doc["serving"]["journal"])
+    assert any("CUDA0" in line and LENT_GPU.search(line) for line in doc["serving"]["journal"])
     assert any("servefleet preflight: ok" in line and "VRAM free" in line
                for line in doc["serving"]["journal"])
     build = json.loads(doc["build"])
@@ -83,7 +86,8 @@ def test_the_recipe_converged_the_gpu_node_under_real_systemd():
     assert build["cmake_flags"]["CMAKE_CUDA_ARCHITECTURES"] == "90"
     assert build["commit"] == gpunode.recipe_data()["llamacpp_commit"]
     # The recipe's probe under the installed unit's sandbox lists the GPU (a `GPU ` line).
-    assert doc["probe_output"].startswith("rc 0\nGPU 0: NVIDIA H200")
+    assert doc["probe_output"].startswith("rc 0\nGPU 0: ")
+    assert LENT_GPU.match(doc["probe_output"].split("GPU 0: ", 1)[1])
 
 
 def test_the_second_converge_changed_nothing_and_drift_is_in_sync():
@@ -125,7 +129,21 @@ def test_a_unit_without_char_nvidia_was_refused_and_the_server_kept_serving():
     assert checks["unit_unchanged"] and checks["same_pid"] and checks["still_healthy"]
 
 
+def test_the_engine_under_real_systemd_could_not_read_the_token_or_the_records():
+    """#27 rule 1 on the GPU node: from inside the running llama-server's own mount namespace,
+    uid and gid (nsenter into it), the hub token and root's records are denied, the models
+    are read; the same user outside the sandbox reads the token (the unit hides it)."""
+    doc = result("secrets")
+    checks, seen = doc["checks"], doc["seen"]
+    assert doc["ok"] and checks["token_hidden"] and checks["records_hidden"]
+    assert checks["models_seen"] and checks["outside_reads"]
+    assert checks["unit_says"] == "-/opt/servefleet/etc -/opt/servefleet/state"
+    for path in ("/opt/servefleet/etc/hf-token", "/opt/servefleet/state/releases.json"):
+        assert "Permission denied" in seen[path]["said"], seen[path]
+    assert "servefleet-tests--tiny-qwen35moe" in seen["/opt/servefleet/models"]["said"]
+
+
 @pytest.mark.parametrize("step", ["converge", "again", "drift", "rollout", "rollback",
-                                  "broken", "final"])
+                                  "broken", "secrets", "final"])
 def test_every_step_of_the_h200_run_is_recorded(step):
-    assert result(step)["ok"], f"{step} failed on the H200: see {step}.log"
+    assert result(step)["ok"], f"{step} failed on the GPU node: see {step}.log"

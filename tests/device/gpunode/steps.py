@@ -275,7 +275,7 @@ def step_secrets() -> bool:
     planted = node(f"test -e {token}").returncode != 0
     if planted:  # the 4090 node fetches anonymously: a canary where recipes/models.py puts it
         node(f"install -m 400 -o servefleet -g root /dev/null {token} && echo canary > {token}")
-    inside = f"nsenter -t {pid} -m -S {ids[0]} -G {ids[1]} --" if len(ids) == 2 else "false"
+    inside = f"nsenter -t {pid} -m -r -w -S {ids[0]} -G {ids[1]} --" if len(ids) == 2 else "false"
     seen = {}
     try:
         for path in (token, f"{root}/state/releases.json", f"{root}/models"):
