@@ -6,5 +6,6 @@ from pyinfra import host
 from servefleet.recipes import base, teardown
 
 if base.begin("base"):
+    base.check_own_dirs()  # nothing is stopped or deleted where the root is not servefleet's
     teardown.remove_services()
     teardown.remove_tree(purge_models=bool(host.data.purge_models))

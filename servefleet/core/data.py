@@ -190,6 +190,9 @@ def root_reads(data: Mapping) -> list[tuple[str, str]]:
     places += [(f"pip_find_links[{i}]", v.removeprefix("file://"))
                for i, v in enumerate(data.get("pip_find_links") or [])
                if isinstance(v, str) and (v.startswith("/") or v.startswith("file://"))]
+    url = data.get("llamacpp_git_url")  # a local repository: root clones and builds from it
+    if isinstance(url, str) and (url.startswith("/") or url.startswith("file://")):
+        places.append(("llamacpp_git_url", url.removeprefix("file://")))
     places += [(f"python_interpreter[{family!r}]", v)
                for family, v in (data.get("python_interpreter") or {}).items()
                if isinstance(v, str) and "/" in v]

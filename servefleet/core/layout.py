@@ -34,6 +34,9 @@ from dataclasses import dataclass
 UNIT_DIR = "/etc/systemd/system"
 VLLM_UNIT = "servefleet-vllm.service"
 LLAMA_UNIT = "servefleet-llama.service"
+# Root's mark in each directory servefleet made its own (servefleet_root, a relocated models root
+# or depot store): how a later run tells its own directory from one that only has the name.
+OWN_MARKER = ".servefleet-own"
 
 
 def revision_dirname(revision: str) -> str:
@@ -69,6 +72,20 @@ class NodeLayout:
         """Directories made by the base deploy, root-owned 0755."""
         return (self.root, self.bin_dir, self.tools_dir, self.venvs_dir, self.etc_dir,
                 self.state_dir)
+
+    def own_dirs(self, depot: bool) -> tuple[tuple[str, str], ...]:
+        """(data key, directory) of each directory servefleet makes its own on this node: the
+        root, and the models root and (on a depot) the store where data moves them out of it."""
+        found = [("servefleet_root", self.root)]
+        if self.models_root:
+            found.append(("models_root", self.models_root))
+        if depot and self.depot_store:
+            found.append(("depot_store", self.depot_store))
+        return tuple(found)
+
+    @staticmethod
+    def own_marker(directory: str) -> str:
+        return posixpath.join(directory, OWN_MARKER)
 
     @property
     def engine_hidden_dirs(self) -> tuple[str, ...]:

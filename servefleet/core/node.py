@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servefleet.core.errors import DataError
+from servefleet.core.validate import inside
 
 
 def parse_os_release(lines: list[str]) -> dict:
@@ -148,6 +149,50 @@ def root_only_problem(key: str, path: str, chains: dict | None) -> str | None:
                     f"runs what is there, so it and every directory above it must be root's and "
                     f"writable by root only")
     return None
+
+
+def own_dir_problem(key: str, path: str, marker: str, chains: dict | None,
+                    earlier: bool) -> str | None:
+    """Whether servefleet may make `path` (data key `key`) its own directory, from the owner
+    and mode of its marker, itself and each directory above it (parse_path_chain of `marker`).
+
+    Every directory above it is root's and writable by root only (a 1777 /scratch is not), and
+    none of them is a symlink. The directory itself does not exist yet (root makes it), or is
+    servefleet's: it holds `marker`, a regular file root wrote and only root may change.
+    `earlier`: it is what an earlier servefleet made before markers existed (the caller's
+    witness); it is adopted once, and the tree step marks it. Anything else that exists is
+    someone else's (/var/lib/docker, /opt/nvidia): None when fine, else the problem in one
+    line."""
+    what = f"key {key!r} = {path!r}"
+    if chains is None:
+        return f"{what}: cannot read the owner and mode of it and the directories above it"
+    for entry in chains["W"]:
+        if entry["type"] == "symbolic link":
+            return (f"{what}: {entry['path']} is a symbolic link; servefleet's directories and "
+                    f"those above them are real directories")
+        if inside(path, entry["path"]) and others_may_write(entry):
+            return (f"{what}: {entry['path']} above it is owned by {entry['user']} (uid "
+                    f"{entry['uid']}), mode {entry['mode'].zfill(4)}; every directory above "
+                    f"servefleet's must be root's and writable by root only")
+    found = {entry["path"]: entry for entry in chains["W"]}
+    own = found.get(path)
+    if own is None:
+        return None
+    if own["type"] != "directory":
+        return f"{what}: it is a {own['type']} on this node, not a directory"
+    mark = found.get(marker)
+    if mark is not None:
+        if mark["type"] in ("regular file", "regular empty file") and not others_may_write(mark):
+            return None
+        return (f"{what}: its {marker.rsplit('/', 1)[-1]} is a {mark['type']} owned by "
+                f"{mark['user']} (uid {mark['uid']}), mode {mark['mode'].zfill(4)}: not root's "
+                f"mark; expected a directory servefleet made")
+    if earlier:
+        return None
+    return (f"{what}: {path} exists on this node and is not servefleet's (no "
+            f"{marker.rsplit('/', 1)[-1]} that root wrote); expected a directory that does not "
+            f"exist yet, or one servefleet made (to hand it an existing one, create that file "
+            f"there as root)")
 
 
 def parse_meminfo(lines: list[str]) -> dict:

@@ -127,49 +127,37 @@ def clean_abs_path(v) -> bool:
 ABS_PATH = Check("an absolute, normalised path (letters, digits, '._-+@/'; no '..', no spaces)",
                  clean_abs_path)
 
-# Directories a node's system needs; a servefleet root, store or model root may be none of
-# these nor a parent of one (rebuild and pruning delete inside them).
-SYSTEM_DIRS = (
-    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media",
-    "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv", "/sys", "/tmp", "/usr",
-    "/usr/bin", "/usr/lib", "/usr/lib64", "/usr/libexec", "/usr/local", "/usr/local/bin",
-    "/usr/local/lib", "/usr/local/sbin", "/usr/sbin", "/usr/share", "/usr/src", "/var",
-    "/var/backups", "/var/cache", "/var/lib", "/var/local", "/var/log", "/var/mail", "/var/opt",
-    "/var/spool", "/var/tmp", "/var/lib/dpkg", "/var/lib/apt", "/var/lib/systemd",
-    "/etc/systemd", "/etc/ssh", "/lost+found", "/nix", "/cdrom",
-)
-
-
-# Where a directory servefleet owns and deletes in may be: strictly inside one of these (an allow
-# list: /proc/1/root, /tmp/x, /dev/shm/x, /boot/efi, /etc/..., /usr/... are nowhere on it).
-DEDICATED_PARENTS = ("/opt", "/srv", "/var/lib", "/var/opt", "/mnt", "/data", "/scratch")
+# Where a directory servefleet owns, hands to its service user and deletes in (servefleet_root,
+# models_root, depot_store) may be: exact shapes, not allowed parents with a deny list inside
+# them. In the trees that packages and root's own services share (/opt/nvidia, /srv/salt,
+# /var/lib/docker, /var/lib/cloud, ...) only a name of servefleet's own, one level down (and its
+# models/ or depot/, the defaults' places); on the
+# operator's own mounts up to three plain names. The node side (core.node.dedicated_dir_problem)
+# then asks that it be absent or servefleet's, under directories only root writes.
+_OWN_NAME = r"servefleet(?:[-_.][A-Za-z0-9._-]{1,64})?"
+_PLAIN_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+SHARED_TREES = ("/opt", "/srv", "/var/lib", "/var/opt")
+OPERATOR_MOUNTS = ("/data", "/mnt", "/scratch")
+_SHARED = "|".join(map(re.escape, SHARED_TREES))
+_MOUNTS = "|".join(map(re.escape, OPERATOR_MOUNTS))
+DEDICATED_PLACES = (re.compile(f"(?:{_SHARED})/{_OWN_NAME}(?:/models|/depot)?"),
+                    re.compile(f"(?:{_MOUNTS})(?:/{_PLAIN_NAME}){{1,3}}"))
+DEDICATED_EXPECTED = (
+    "a directory of servefleet's own: servefleet or servefleet-NAME (or its models or depot) in "
+    f"{', '.join(SHARED_TREES)}, or one to three plain names in {', '.join(OPERATOR_MOUNTS)} "
+    "(e.g. /opt/servefleet, /data/models)")
 
 
 def dedicated_dir_problem(path: str) -> str | None:
     """Why `path` cannot be a directory servefleet owns and deletes in; None when it can."""
     if not clean_abs_path(path):
         return ABS_PATH.expected
-    if path in SYSTEM_DIRS:
-        return f"{path} is a system directory"
-    for system in SYSTEM_DIRS:
-        if system != "/" and system.startswith(path + "/"):
-            return f"{path} holds the system directory {system}"
-    if path.count("/") < 2:
-        return f"{path} is not at least two levels deep (e.g. /opt/servefleet)"
-    parent = next((p for p in DEDICATED_PARENTS if path.startswith(p + "/")), None)
-    if parent is None:
-        return (f"{path} is not inside one of {', '.join(DEDICATED_PARENTS)} (where a dedicated "
-                f"directory may be)")
-    for system in SYSTEM_DIRS:  # e.g. /var/lib/dpkg/info: inside /var/lib, but dpkg's
-        if path.startswith(system + "/") and not (parent + "/").startswith(system.rstrip("/") + "/"):
-            return f"{path} is inside the system directory {system}"
+    if not any(place.fullmatch(path) for place in DEDICATED_PLACES):
+        return f"{path} is not {DEDICATED_EXPECTED}"
     return None
 
 
-DEDICATED_DIR = Check(
-    "a dedicated directory inside /opt, /srv, /var/lib, /var/opt, /mnt, /data or /scratch "
-    "(e.g. /opt/servefleet), never a system directory, inside one or a parent of one",
-    lambda v: dedicated_dir_problem(v) is None)
+DEDICATED_DIR = Check(DEDICATED_EXPECTED, lambda v: dedicated_dir_problem(v) is None)
 
 
 def inside(path: str, parent: str) -> bool:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import operation
 
-from servefleet.core.node import root_only_problem
+from servefleet.core.layout import NodeLayout
+from servefleet.core.node import others_may_write, own_dir_problem, root_only_problem
 from servefleet.facts import batch
 from servefleet.facts.node import PathChain
 from servefleet.operations.node import fail_host
@@ -44,3 +45,37 @@ def root_only(paths: dict[str, str]):
         yield fail_host(f"{host.name}: " + "; ".join(problems))
     else:
         host.noop("only root can change " + ", ".join(paths.values()))
+
+
+@operation()
+def own_dirs(dirs: tuple, owners: dict[str, str], earlier: dict[str, bool]):
+    """
+    Fail this host unless each directory servefleet makes its own may be: every directory above
+    it root's and writable by root only, and it absent or servefleet's (root's marker in it;
+    ``core.node.own_dir_problem``). Runs in the preflight and before rebuild deletes anything.
+
+    + dirs: ``(data key, directory)`` pairs (``NodeLayout.own_dirs``)
+    + owners: ``{data key: account}`` that owns the directory (root for the tree)
+    + earlier: ``{data key: bool}``: an earlier servefleet's own, made before markers (adopted)
+
+    **Example:**
+
+    .. code:: python
+
+        root_paths.own_dirs(dirs=(("servefleet_root", "/opt/servefleet"),),
+                            owners={"servefleet_root": "root"}, earlier={})
+    """
+    problems = []
+    for key, path in dirs:
+        marker = NodeLayout.own_marker(path)
+        chains = batch.get(host, PathChain, path=marker)
+        own = next((e for e in (chains or {}).get("W", []) if e["path"] == path), None)
+        legacy = bool(earlier.get(key)) and own is not None and own["user"] == owners.get(key) \
+            and not (owners.get(key) == "root" and others_may_write(own))
+        problem = own_dir_problem(key, path, marker, chains, legacy)
+        if problem:
+            problems.append(problem)
+    if problems:
+        yield fail_host(f"{host.name}: " + "; ".join(problems))
+    else:
+        host.noop("servefleet's own directories: " + ", ".join(p for _, p in dirs))

@@ -94,6 +94,8 @@ def plan_base() -> None:
         (PathStat, {"path": f"{lay.tools_venv}/pyvenv.cfg"}),
         (DistVersions, {"venv": lay.tools_venv, "names": tuple(TOOLS)}),
         *[(PathChain, {"path": path}) for path in root_read_paths().values()],
+        *[(fact, {"path": lay.own_marker(d)}) for _, d in own_dirs()
+          for fact in (PathChain, PathStat)],
     ])
 
 
@@ -109,6 +111,31 @@ def accounts() -> tuple[tuple[str, str, str, str], ...]:
     if "depot" in host.groups and host.data.get("depot_user"):
         found.append(("depot_user", host.data.depot_user, lay.depot_home, "/bin/sh"))
     return tuple(found)
+
+
+def own_dirs() -> tuple[tuple[str, str], ...]:
+    """(data key, directory) of what servefleet makes its own on this host (NodeLayout.own_dirs)."""
+    return layout().own_dirs(depot="depot" in host.groups)
+
+
+def check_own_dirs() -> None:
+    """Fail this host unless each of own_dirs() is absent or servefleet's, under directories only
+    root writes (before anything is made there, and before rebuild deletes in it)."""
+    lay, user = layout(), host.data.servefleet_user
+    owners = {"servefleet_root": "root", "models_root": user, "depot_store": user}
+    # Made before markers existed: the root held the tools venv; the others the service's own.
+    earlier = {"servefleet_root": batch.get(host, PathStat, path=f"{lay.tools_venv}/pyvenv.cfg")
+               is not None, "models_root": True, "depot_store": True}
+    root_paths.own_dirs(name="Check that servefleet's directories are its own, under root's",
+                        dirs=own_dirs(), owners=owners, earlier=earlier)
+
+
+def mark_own_dirs(keys: tuple[str, ...]) -> None:
+    """Root's marker in each of own_dirs() named by keys (made just before)."""
+    lay = layout()
+    for key, d in own_dirs():
+        if key in keys:
+            node.owned_file(name=f"servefleet's mark in {d}", path=lay.own_marker(d))
 
 
 def root_read_paths() -> dict[str, str]:
@@ -131,6 +158,7 @@ def node_base():
 def preflight():
     node.preflight(name="Check CPU, GPU/driver, free disk and accounts", data=data(),
                    accounts=accounts())
+    check_own_dirs()
     # Before anything runs, installs or builds: every recipe starts here (deploys/base.py too).
     paths = root_read_paths()
     if paths:
@@ -158,6 +186,7 @@ def account_and_tree():
                    user=user, group=user, mode="750")
     node.directory(name=f"Directory {lay.models_dir} (the service's)", path=lay.models_dir,
                    user=user, group=user, mode="755")
+    mark_own_dirs(("servefleet_root", "models_root"))
 
 
 @deploy("Tools venv")

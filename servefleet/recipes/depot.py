@@ -31,6 +31,7 @@ def account():
     _, public = fleet_key(host.data, host.name)
     files.directory(name=f"Depot store {lay.depot_dir}", path=lay.depot_dir, user=user,
                     group=user, mode="755")
+    base.mark_own_dirs(("depot_store",))
     # A shell, because sshd runs the forced command through it; the key allows nothing else.
     node.account(name=f"Depot user {depot_user}", user=depot_user, home=lay.depot_home,
                  shell="/bin/sh")

@@ -34,7 +34,11 @@ def remove_services():
 @deploy("Remove the servefleet tree")
 def remove_tree(purge_models: bool = False):
     lay = base.layout()
-    keep = set() if purge_models else {lay.models_dir, lay.depot_dir}
+    base.check_own_dirs()  # never delete in a directory that is not servefleet's
+    # The root's marker stays: the converge after a rebuild knows the root as its own.
+    keep = {lay.own_marker(lay.root)}
+    if not purge_models:
+        keep |= {lay.models_dir, lay.depot_dir}
     for entry in host.get_fact(DirEntries, path=lay.root):
         if node_output.shown(entry) != entry:  # no command can name it: every entry at once
             server.shell(name=f"Remove every entry of {lay.root} but the models",
@@ -48,8 +52,11 @@ def remove_tree(purge_models: bool = False):
         for entry in host.get_fact(DirEntries, path=lay.models_dir):
             if node_output.shown(entry) != entry:  # a name with bytes no command can name
                 server.shell(name=f"Remove every entry of {lay.models_dir}",
-                             commands=[_remove_all_but(lay.models_dir, set())])
+                             commands=[_remove_all_but(lay.models_dir,
+                                                       {lay.own_marker(lay.models_dir)})])
                 break
+            if f"{lay.models_dir}/{entry}" == lay.own_marker(lay.models_dir):
+                continue
             files.directory(name=f"Remove {lay.models_dir}/{entry}",
                             path=f"{lay.models_dir}/{entry}", present=False)
 

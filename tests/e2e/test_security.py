@@ -236,6 +236,47 @@ def test_a_service_user_that_is_not_servefleets_is_refused_before_anything_chang
         h.run("userdel pgsim")
 
 
+def test_directories_that_are_not_servefleets_are_refused_on_the_node(served, th):
+    """#27 rule 2, the node side: data that passes the exact shapes is still refused when the
+    node says the place is someone else's: a directory that exists without root's mark (as
+    /var/lib/docker would), one under a world-writable /scratch, one whose mark the service
+    user forged. One line each, before anything is made or changed; rebuild deletes nothing
+    there either. The converged root carries root's mark, and a root converged before marks
+    existed is adopted once (the second converge changes nothing)."""
+    host = "rtx4090-1"
+    h = th(host)
+    taken, scratch, forged = "/opt/servefleet-taken", "/scratch", "/data/servefleet-forged"
+    h.run_test(f"rm -rf {taken} {scratch} {forged} && install -d -m 700 {taken} && "
+               f"echo theirs > {taken}/volume && install -d -m 1777 {scratch} && "
+               f"install -d -o servefleet -g servefleet -m 755 {forged} && runuser -u "
+               f"servefleet -- touch {forged}/.servefleet-own")
+    try:
+        around = f"find {taken} {scratch} {forged} -printf '%p %u %m %s %T@\\n' | sort"
+        before, places = node_snapshot(h), h.check_output(around)
+        for knob, expected in (
+                ({"servefleet_root": taken}, f"key 'servefleet_root' = '{taken}': {taken} "
+                                             "exists on this node and is not servefleet's"),
+                ({"servefleet_root": f"{scratch}/servefleet"},
+                 f"{scratch} above it is owned by root (uid 0), mode 1777"),
+                ({"models_root": forged}, "its .servefleet-own is a regular empty file owned "
+                                          "by servefleet")):
+            for deploy in (NODES[host], "deploys/teardown.py"):
+                run = pyinfra("inventory/testbed.py", deploy, limit=host, data=knob, timeout=600)
+                assert run.returncode != 0, (knob, deploy, run.output[-2000:])
+                assert expected in run.output, (knob, deploy, run.output[-2000:])
+                assert "Traceback" not in run.output
+        assert h.check_output(around) == places
+        assert node_snapshot(h) == before
+    finally:
+        h.run(f"rm -rf {taken} {scratch} {forged}")
+    mark = h.file(f"{ROOT}/.servefleet-own")
+    assert (mark.is_file, mark.user, mark.mode) == (True, "root", 0o644)
+    h.run_test(f"rm {ROOT}/.servefleet-own")  # as a root converged by the version before
+    assert pyinfra("inventory/testbed.py", NODES[host], limit=host).returncode == 0
+    assert h.file(f"{ROOT}/.servefleet-own").user == "root"
+    assert pyinfra("inventory/testbed.py", NODES[host], limit=host).changed == 0
+
+
 def test_host_key_checking_off_is_warned_loudly(served, fleet_file, tmp_path):
     path = fleet_file({"depot-1": ("depot", {})})
     fleet = yaml.safe_load(open(path))

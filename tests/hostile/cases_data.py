@@ -120,36 +120,55 @@ def extra_args_that_own_nothing_pass():
 PLACE_CASES = [
     case(f"servefleet_root: {path}", {"servefleet_root": path}, why)
     for path, why in (
-        ("/proc/1/root", "expected a dedicated directory inside /opt"), ("/proc/self/root", "expected a dedicated directory inside /opt"),
-        ("/etc/systemd/system", "expected a dedicated directory inside /opt"),
-        ("/usr/lib/x86_64-linux-gnu", "expected a dedicated directory inside /opt"),
-        ("/var/lib/dpkg/info", "expected a dedicated directory inside /opt"),
-        ("/boot/efi", "expected a dedicated directory inside /opt"), ("/tmp/servefleet", "expected a dedicated directory inside /opt"),
-        ("/dev/shm/servefleet", "expected a dedicated directory inside /opt"), ("/run/servefleet", "expected a dedicated directory inside /opt"),
-        ("/home/op/servefleet", "expected a dedicated directory inside /opt"), ("/sys/fs/x", "expected a dedicated directory inside /opt"),
-        ("/var/lib/systemd/x", "expected a dedicated directory inside /opt"),
+        ("/proc/1/root", "expected a directory of servefleet's own"), ("/proc/self/root", "expected a directory of servefleet's own"),
+        ("/etc/systemd/system", "expected a directory of servefleet's own"),
+        ("/usr/lib/x86_64-linux-gnu", "expected a directory of servefleet's own"),
+        ("/var/lib/dpkg/info", "expected a directory of servefleet's own"),
+        ("/boot/efi", "expected a directory of servefleet's own"), ("/tmp/servefleet", "expected a directory of servefleet's own"),
+        ("/dev/shm/servefleet", "expected a directory of servefleet's own"), ("/run/servefleet", "expected a directory of servefleet's own"),
+        ("/home/op/servefleet", "expected a directory of servefleet's own"), ("/sys/fs/x", "expected a directory of servefleet's own"),
+        ("/var/lib/systemd/x", "expected a directory of servefleet's own"),
     )
 ] + [
     case(f"models_root: {path}", {"models_root": path}, why)
     for path, why in (
-        ("/opt/servefleet/bin", "is inside servefleet_root '/opt/servefleet'"),
-        ("/opt/servefleet/venvs", "is inside servefleet_root '/opt/servefleet'"),
-        ("/opt/servefleet/etc", "is inside servefleet_root '/opt/servefleet'"),
-        ("/opt/servefleet/state", "is inside servefleet_root '/opt/servefleet'"),
-        ("/opt/servefleet/tools", "is inside servefleet_root '/opt/servefleet'"),
-        ("/opt/servefleet/llama.cpp", "is inside servefleet_root '/opt/servefleet'"),
-        ("/etc/systemd/system", "expected a dedicated directory inside /opt"), ("/etc/profile.d", "expected a dedicated directory inside /opt"),
-        ("/etc/cron.daily", "expected a dedicated directory inside /opt"), ("/opt/servefleet/models/../bin", "'models_root'"),
+        ("/opt/servefleet/bin", "expected a directory of servefleet's own"),
+        ("/opt/servefleet/venvs", "expected a directory of servefleet's own"),
+        ("/opt/servefleet/etc", "expected a directory of servefleet's own"),
+        ("/opt/servefleet/state", "expected a directory of servefleet's own"),
+        ("/opt/servefleet/tools", "expected a directory of servefleet's own"),
+        ("/opt/servefleet/llama.cpp", "expected a directory of servefleet's own"),
+        ("/etc/systemd/system", "expected a directory of servefleet's own"), ("/etc/profile.d", "expected a directory of servefleet's own"),
+        ("/etc/cron.daily", "expected a directory of servefleet's own"), ("/opt/servefleet/models/../bin", "'models_root'"),
     )
 ] + [
+    # #27 rule 2: places root's own services trust, or whose contents rebuild would delete.
+    case(f"{key}: {path}", {key: path}, "expected a directory of servefleet's own")
+    for key, paths in (
+        ("servefleet_root", ("/var/lib/cloud", "/var/lib/docker", "/var/lib/snapd", "/opt/nvidia",
+                             "/srv/salt", "/var/lib/private", "/opt/servefleet/../../etc",
+                             "/var/lib/servefleetx", "/data/a/b/c/d", "/mnt/lost+found")),
+        ("models_root", ("/var/lib/cloud/scripts/per-boot",
+                         "/var/lib/polkit-1/localauthority/50-local.d", "/var/lib/dkms",
+                         "/opt/nvidia", "/srv/salt", "/var/lib/docker/volumes",
+                         "/var/lib/private", "/opt/servefleet-models/sub", "/data/.hidden",
+                         "/scratch/-rf")),
+        ("depot_store", ("/var/lib/cloud/scripts/per-boot", "/var/lib/dkms", "/srv/salt",
+                         "/var/lib/docker/volumes", "/opt/nvidia")),
+    )
+    for path in paths
+] + [
     case("depot_store: root's bin", {"depot_store": "/opt/servefleet/bin"},
-         "is inside servefleet_root '/opt/servefleet'"),
+         "expected a directory of servefleet's own"),
+    case("models_root: the root's own venvs, from a moved root",
+         {"servefleet_root": "/data/sf", "models_root": "/data/sf/venvs"},
+         "is inside servefleet_root '/data/sf'"),
     case("depot_store: /etc/systemd/system", {"depot_store": "/etc/systemd/system"},
-         "expected a dedicated directory inside /opt"),
+         "expected a directory of servefleet's own"),
     case("depot_store and models_root: the same directory",
-         {"depot_store": "/srv/big/models", "models_root": "/srv/big/models"}, "overlap"),
+         {"depot_store": "/data/big/models", "models_root": "/data/big/models"}, "overlap"),
     case("depot_store inside models_root",
-         {"depot_store": "/srv/big/models/depot", "models_root": "/srv/big/models"}, "overlap"),
+         {"depot_store": "/data/big/models/depot", "models_root": "/data/big/models"}, "overlap"),
 ]
 
 
@@ -170,10 +189,30 @@ ROOT_READ_CASES = [
                                  "ubuntu": "python3"}},
          "key python_interpreter['debian']"),
     case("pip_find_links in a relocated models root",
-         {"models_root": "/srv/models", "pip_find_links": ["/srv/models/wheels"]},
-         "is inside /srv/models"),
+         {"models_root": "/data/models", "pip_find_links": ["/data/models/wheels"]},
+         "is inside /data/models"),
     case("pip_find_links in the depot's store",
          {"pip_find_links": ["/opt/servefleet/depot/x"]}, "is inside /opt/servefleet/depot"),
+]
+
+
+def _rtx_git(name, url, expected):
+    return case(name, {"llamacpp_git_url": url}, expected, base=RTX, groups=("rtx4090",),
+                recipe="serve_q4_llamacpp")
+
+
+# #27 rule 2: anything root builds from is root's, a local llama.cpp repository included.
+GIT_URL_CASES = [
+    _rtx_git("llamacpp_git_url: a repository in the models root",
+             "/opt/servefleet/models/llama.cpp.git", "key llamacpp_git_url = "
+             "'/opt/servefleet/models/llama.cpp.git' is inside /opt/servefleet/models"),
+    _rtx_git("llamacpp_git_url: a repository in the service user's cache",
+             "/opt/servefleet/cache/llama.git", "is inside /opt/servefleet/cache"),
+    _rtx_git("llamacpp_git_url: file:// in /tmp", "file:///tmp/llama.cpp.git",
+             "key llamacpp_git_url = '/tmp/llama.cpp.git'"),
+    _rtx_git("llamacpp_git_url: a home directory", "/home/op/llama.cpp.git",
+             "key llamacpp_git_url = '/home/op/llama.cpp.git'"),
+    _rtx_git("llamacpp_git_url: /dev/shm", "/dev/shm/l.git", "only root writes"),
 ]
 
 
@@ -232,7 +271,9 @@ def architecture_lists_pass():
 def places_that_are_allowed_pass():
     for data in ({"servefleet_root": "/srv/servefleet", "models_root": "/mnt/nvme0/models"},
                  {"models_root": "/opt/servefleet/models", "depot_store": "/opt/servefleet/depot"},
-                 {"servefleet_root": "/var/lib/servefleet", "models_root": "/data/models"}):
+                 {"servefleet_root": "/var/lib/servefleet", "models_root": "/data/models"},
+                 {"servefleet_root": "/var/opt/servefleet-gpu", "depot_store": "/data/a/b/c"},
+                 {"servefleet_root": "/opt/servefleet_2", "models_root": "/opt/servefleet-m"}):
         assert attempt(data)() is None, data
 
 
@@ -263,7 +304,7 @@ ACCOUNT_CASES = [
              depot_user_elsewhere_passes),
 ]
 
-CASES = OWNED_CASES + PLACE_CASES + ROOT_READ_CASES + VALUE_CASES + ACCOUNT_CASES + [
+CASES = OWNED_CASES + PLACE_CASES + ROOT_READ_CASES + GIT_URL_CASES + VALUE_CASES + ACCOUNT_CASES + [
     harmless(CATEGORY, "uv_cache_dir, pip_find_links, python_interpreter: root's places",
              "accepted as they are", root_reads_in_roots_places_are_accepted),
     harmless(CATEGORY, "llamacpp_cmake_flags: a CMake list of architectures",
@@ -280,7 +321,7 @@ CASES = OWNED_CASES + PLACE_CASES + ROOT_READ_CASES + VALUE_CASES + ACCOUNT_CASE
     case("service_host: a host name", {"service_host": "localhost"}, "'service_host'"),
     case("servefleet_root: a newline and a directive",
          {"servefleet_root": "/opt/sf\nExecStartPre=/tmp/x"}, "'servefleet_root'"),
-    case("servefleet_root: /", {"servefleet_root": "/"}, "never a system directory"),
+    case("servefleet_root: /", {"servefleet_root": "/"}, "'servefleet_root' = '/'"),
     case("servefleet_root: /etc", {"servefleet_root": "/etc"}, "'servefleet_root' = '/etc'"),
     case("servefleet_root: /usr/local", {"servefleet_root": "/usr/local"},
          "'servefleet_root' = '/usr/local'"),
