@@ -51,28 +51,40 @@ def make_model(directory: Path, size: int) -> Path:
 
 def ssh(name: str, command: str) -> None:
     address = load_state().hosts[name].address
-    subprocess.run([*tb_hosts.ssh_base_args(), f"root@{address}", command], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*tb_hosts.ssh_base_args(), f"root@{address}", command], check=True, capture_output=True
+    )
 
 
 def deploy_depot(repo: str) -> float:
     models = json.dumps([{"repo_id": repo, "revision": "main", "include": ["*"]}])
     began = time.monotonic()
-    run = pyinfra("inventory/testbed.py", "deploys/depot.py", limit=DEPOT,
-                  data={"depot_models": models}, timeout=1800)
+    run = pyinfra(
+        "inventory/testbed.py",
+        "deploys/depot.py",
+        limit=DEPOT,
+        data={"depot_models": models},
+        timeout=1800,
+    )
     if run.returncode != 0:
         raise SystemExit(f"deploys/depot.py failed:\n{run.output[-3000:]}")
     return time.monotonic() - began
 
 
 def deploy_nodes(nodes: list[str], repo: str, source: str) -> float:
-    data = {"model_repo": repo, "model_revision": "main", "model_include": '["*"]',
-            "model_dir": DEST, "model_source": source}
+    data = {
+        "model_repo": repo,
+        "model_revision": "main",
+        "model_include": '["*"]',
+        "model_dir": DEST,
+        "model_source": source,
+    }
     if source == "depot":
         data["depot_host"] = DEPOT
     began = time.monotonic()
-    run = pyinfra("inventory/testbed.py", "deploys/model.py", limit=",".join(nodes), data=data,
-                  timeout=1800)
+    run = pyinfra(
+        "inventory/testbed.py", "deploys/model.py", limit=",".join(nodes), data=data, timeout=1800
+    )
     if run.returncode != 0:
         raise SystemExit(f"deploys/model.py ({source}) failed:\n{run.output[-3000:]}")
     return time.monotonic() - began
@@ -121,21 +133,29 @@ def main() -> int:
                 t_nodes = deploy_nodes(nodes, REPO, source)
                 upstream = hub.hub_stats(url)["total_bytes"]
                 rows.append((source, n, upstream, t_depot, t_nodes))
-                print(f"{source} N={n}: {upstream / MB:.1f} MB upstream, "
-                      f"{t_depot + t_nodes:.1f} s", file=sys.stderr)
+                print(
+                    f"{source} N={n}: {upstream / MB:.1f} MB upstream, {t_depot + t_nodes:.1f} s",
+                    file=sys.stderr,
+                )
     finally:
         if not args.keep:
             clean(all_nodes, REPO)
             shutil.rmtree(hub.repo_dir(hub_root(), REPO), ignore_errors=True)
             shutil.rmtree(work / "model", ignore_errors=True)
 
-    print(f"\nModel: {size / MB:.1f} MB ({REPO}@{sha[:12]}); upstream = body bytes the hub served; "
-          "wall = pyinfra runs (incl. ~5 s of pyinfra/SSH overhead each)")
-    print(f"{'source':<7} {'N':>2} {'upstream MB':>12} {'copies':>7} {'depot s':>8} "
-          f"{'nodes s':>8} {'wall s':>7}")
+    print(
+        f"\nModel: {size / MB:.1f} MB ({REPO}@{sha[:12]}); upstream = body bytes the hub served; "
+        "wall = pyinfra runs (incl. ~5 s of pyinfra/SSH overhead each)"
+    )
+    print(
+        f"{'source':<7} {'N':>2} {'upstream MB':>12} {'copies':>7} {'depot s':>8} "
+        f"{'nodes s':>8} {'wall s':>7}"
+    )
     for source, n, upstream, t_depot, t_nodes in rows:
-        print(f"{source:<7} {n:>2} {upstream / MB:>12.1f} {upstream / size:>7.2f} "
-              f"{t_depot:>8.1f} {t_nodes:>8.1f} {t_depot + t_nodes:>7.1f}")
+        print(
+            f"{source:<7} {n:>2} {upstream / MB:>12.1f} {upstream / size:>7.2f} "
+            f"{t_depot:>8.1f} {t_nodes:>8.1f} {t_depot + t_nodes:>7.1f}"
+        )
     return 0
 
 

@@ -22,6 +22,7 @@ from servefleet_dev.testing.pyinfra_cli import pyinfra  # noqa: E402
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT  # noqa: E402
 from servefleet_dev.testbed import lifecycle  # noqa: E402
 
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
@@ -38,9 +39,20 @@ def main() -> None:
             times = []
             for _ in range(args.runs):
                 t0 = time.monotonic()
-                proc = subprocess.run([sys.executable, "-m", "servefleet.cli", "drift",
-                                       "inventory/testbed.py", "deploys/base.py", "--json"],
-                                      cwd=REPO_ROOT, capture_output=True, text=True)
+                proc = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "servefleet.cli",
+                        "drift",
+                        "inventory/testbed.py",
+                        "deploys/base.py",
+                        "--json",
+                    ],
+                    cwd=REPO_ROOT,
+                    capture_output=True,
+                    text=True,
+                )
                 times.append(time.monotonic() - t0)
                 assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
             rows.append((n, times))
@@ -51,8 +63,9 @@ def main() -> None:
         table.add_column(col, justify="right")
     for n, times in rows:
         med = statistics.median(times)
-        table.add_row(str(n), f"{med:.2f}", f"{min(times):.2f}", f"{max(times):.2f}",
-                      f"{med / n:.2f}")
+        table.add_row(
+            str(n), f"{med:.2f}", f"{min(times):.2f}", f"{max(times):.2f}", f"{med / n:.2f}"
+        )
     Console().print(table)
 
 

@@ -42,20 +42,29 @@ def units(require_gpu: bool) -> dict[str, str]:
     spark = {**group_data("all", "spark"), "require_gpu": require_gpu}
     rtx = {**group_data("all", "rtx4090"), "require_gpu": require_gpu}
     return {
-        vllm.UNIT: render_unit("files/vllm/servefleet-vllm.service.j2",
-                               vllm.unit_context(spark, MODEL)),
-        llamacpp.UNIT: render_unit("files/llamacpp/servefleet-llama.service.j2",
-                                   llamacpp.unit_context(rtx, MODEL, lambda: None)),
+        vllm.UNIT: render_unit(
+            "files/vllm/servefleet-vllm.service.j2", vllm.unit_context(spark, MODEL)
+        ),
+        llamacpp.UNIT: render_unit(
+            "files/llamacpp/servefleet-llama.service.j2",
+            llamacpp.unit_context(rtx, MODEL, lambda: None),
+        ),
     }
 
 
 def score(analyze: str, unit_file: Path) -> tuple[float, str]:
-    out = subprocess.run([analyze, "security", "--offline=yes", "--no-pager", str(unit_file)],
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [analyze, "security", "--offline=yes", "--no-pager", str(unit_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     found = SCORE.search(out.stdout)
     if not found:
-        raise SystemExit(f"{analyze} scored no exposure for {unit_file} (exit {out.returncode}): "
-                         f"{(out.stderr or out.stdout).strip()[-500:]}")
+        raise SystemExit(
+            f"{analyze} scored no exposure for {unit_file} (exit {out.returncode}): "
+            f"{(out.stderr or out.stdout).strip()[-500:]}"
+        )
     return float(found.group(1)), found.group(2)
 
 
@@ -64,10 +73,12 @@ def main() -> int:
     parser.add_argument("--systemd-analyze", default="/usr/bin/systemd-analyze")
     args = parser.parse_args()
     os.chdir(ROOT)  # the templates and their includes resolve against the project
-    version = subprocess.run([args.systemd_analyze, "--version"], capture_output=True,
-                             text=True, check=True).stdout.splitlines()[0]
-    print(f"{version}; command: {args.systemd_analyze} security --offline=yes --no-pager "
-          f"<tmp>/<unit>")
+    version = subprocess.run(
+        [args.systemd_analyze, "--version"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()[0]
+    print(
+        f"{version}; command: {args.systemd_analyze} security --offline=yes --no-pager <tmp>/<unit>"
+    )
     print(f"{'unit':<28} {'require_gpu':<12} {'exposure':>8}  verdict")
     with tempfile.TemporaryDirectory(prefix="servefleet-exposure-") as tmp:
         for gpu in (True, False):

@@ -55,7 +55,16 @@ def peak_rss_mb(pid: int) -> float:
 def start_server(root: Path, workdir: Path) -> tuple[subprocess.Popen, str]:
     ready = workdir / "ready"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servefleet_dev.hub", "serve", "--root", str(root), "--ready-file", str(ready)],
+        [
+            sys.executable,
+            "-m",
+            "servefleet_dev.hub",
+            "serve",
+            "--root",
+            str(root),
+            "--ready-file",
+            str(ready),
+        ],
         stdout=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 30
@@ -72,7 +81,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size-mb", type=int, default=1024, help="file size in MiB (default 1024)")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--sparse", action="store_true", help="a sparse file of zeros instead of random data")
+    parser.add_argument(
+        "--sparse", action="store_true", help="a sparse file of zeros instead of random data"
+    )
     args = parser.parse_args()
     size = args.size_mb << 20
 
@@ -86,7 +97,9 @@ def main() -> int:
         sha = hub.publish(workdir / "store", REPO, src, link=True)  # hashing 1 GB: the slow part
         t2 = time.monotonic()
         print(f"file: {size / MB:.0f} MB ({'sparse' if args.sparse else 'random'}) in {workdir}")
-        print(f"created in {t1 - t0:.1f} s, published (sha256 + link) in {t2 - t1:.1f} s, commit {sha[:12]}")
+        print(
+            f"created in {t1 - t0:.1f} s, published (sha256 + link) in {t2 - t1:.1f} s, commit {sha[:12]}"
+        )
         with open(src / FILENAME, "rb") as f:
             expected = hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -100,7 +113,9 @@ def main() -> int:
                 path = hf_hub_download(REPO, FILENAME, cache_dir=cache, endpoint=url)
                 times.append(time.monotonic() - began)
                 if os.path.getsize(path) != size:
-                    raise SystemExit(f"run {run}: downloaded {os.path.getsize(path)} bytes, expected {size}")
+                    raise SystemExit(
+                        f"run {run}: downloaded {os.path.getsize(path)} bytes, expected {size}"
+                    )
                 if run == 1:  # once is enough, and it takes seconds
                     with open(path, "rb") as f:
                         if hashlib.file_digest(f, "sha256").hexdigest() != expected:
@@ -119,7 +134,9 @@ def main() -> int:
         med = statistics.median(times)
         print(f"{'median':>4} {med:>9.2f} {size / MB / med:>9.0f}")
         print()
-        print(f"upstream bytes served: {stats['total_bytes']} ({stats['total_bytes'] / size:.2f} x file)")
+        print(
+            f"upstream bytes served: {stats['total_bytes']} ({stats['total_bytes'] / size:.2f} x file)"
+        )
         print(f"server peak RSS: {rss:.0f} MB (file: {size / MB:.0f} MB)")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -49,15 +49,21 @@ def testbed_data() -> dict:
 
     data = {}
     for name in ("all", "rtx4090", "testbed_rtx4090", "testbed"):
-        data.update({k: v for k, v in runpy.run_path(str(ROOT / "group_data" / f"{name}.py")).items()
-                     if not k.startswith("__")})
+        data.update(
+            {
+                k: v
+                for k, v in runpy.run_path(str(ROOT / "group_data" / f"{name}.py")).items()
+                if not k.startswith("__")
+            }
+        )
     return data
 
 
 def ssh(cmd: str) -> str:
     address = load_state().hosts[HOST].address
-    out = subprocess.run([*tb_hosts.ssh_base_args(), f"root@{address}", cmd], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [*tb_hosts.ssh_base_args(), f"root@{address}", cmd], capture_output=True, text=True
+    )
     return out.stdout.strip()
 
 
@@ -96,16 +102,22 @@ def main() -> None:
         cold, run = converge(env, llamacpp_ccache_dir=guest_ccache)
         cold_build = json.loads(ssh(f"cat {prefix}/build.json"))["build_seconds"]
         stats_cold = ssh(f"CCACHE_DIR={guest_ccache} ccache -s | head -6")
-        print(f"cold converge (empty ccache): {cold:.1f} s, of which build {cold_build} s; "
-              f"{run.changed} operations changed")
+        print(
+            f"cold converge (empty ccache): {cold:.1f} s, of which build {cold_build} s; "
+            f"{run.changed} operations changed"
+        )
 
         reruns = []
         for _ in range(args.runs):
             took, run = converge(env, llamacpp_ccache_dir=guest_ccache)
-            assert run.changed == 0, f"rerun changed {run.changed} operations:\n{run.output[-3000:]}"
+            assert run.changed == 0, (
+                f"rerun changed {run.changed} operations:\n{run.output[-3000:]}"
+            )
             reruns.append(took)
-        print(f"no-change rerun: median {statistics.median(reruns):.1f} s "
-              f"(min {min(reruns):.1f}, max {max(reruns):.1f}, {args.runs} runs), 0 changes")
+        print(
+            f"no-change rerun: median {statistics.median(reruns):.1f} s "
+            f"(min {min(reruns):.1f}, max {max(reruns):.1f}, {args.runs} runs), 0 changes"
+        )
 
         ssh(f"CCACHE_DIR={guest_ccache} ccache -z >/dev/null; rm -rf {prefix}")
         warm, run = converge(env, llamacpp_ccache_dir=guest_ccache)
@@ -116,7 +128,9 @@ def main() -> None:
         print(f"| cold build (empty ccache) | {cold:.1f} | {cold_build} |")
         print(f"| no-change rerun (median of {args.runs}) | {statistics.median(reruns):.1f} | - |")
         print(f"| rebuild, warm ccache | {warm:.1f} | {warm_build} |")
-        print(f"\nccache after the cold build:\n{stats_cold}\nccache of the warm rebuild:\n{stats_warm}")
+        print(
+            f"\nccache after the cold build:\n{stats_cold}\nccache of the warm rebuild:\n{stats_warm}"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if not was_up and not args.keep:

@@ -46,10 +46,28 @@ def workload() -> perf.Workload:
 def measure(w: perf.Workload) -> tuple[float, float, float]:
     """(median decode tok/s, median TTFT s, seconds) of one gate measurement."""
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "servefleet.cli", "bench", INVENTORY, "--limit",
-                          HOST, "--runs", str(w.runs), "--prompt-tokens", str(w.prompt_tokens),
-                          "--max-tokens", str(w.max_tokens), "--json"], cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servefleet.cli",
+            "bench",
+            INVENTORY,
+            "--limit",
+            HOST,
+            "--runs",
+            str(w.runs),
+            "--prompt-tokens",
+            str(w.prompt_tokens),
+            "--max-tokens",
+            str(w.max_tokens),
+            "--json",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     took = time.monotonic() - t0
     assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-2000:]
     (node,) = json.loads(out.stdout)
@@ -61,31 +79,41 @@ def series(w: perf.Workload, repeats: int, label: str) -> list[tuple[float, floa
     for i in range(repeats):
         with quiet_machine.exclusive():  # as the e2e gate tests measure: nothing else running
             got.append(measure(w))
-        print(f"  {label} {i + 1}/{repeats}: {got[-1][0]:.1f} tok/s, TTFT {got[-1][1]:.3f} s "
-              f"({got[-1][2]:.1f} s)", flush=True)
+        print(
+            f"  {label} {i + 1}/{repeats}: {got[-1][0]:.1f} tok/s, TTFT {got[-1][1]:.3f} s "
+            f"({got[-1][2]:.1f} s)",
+            flush=True,
+        )
     decode, ttft = [g[0] for g in got], [g[1] for g in got]
-    print(f"{label}: decode median {statistics.median(decode):.1f} tok/s, CV "
-          f"{perf.cv_pct(decode):.1f} %, range {min(decode):.1f}-{max(decode):.1f} "
-          f"(largest drop between two measurements {(1 - min(decode) / max(decode)) * 100:.1f} %); "
-          f"TTFT median {statistics.median(ttft):.3f} s, CV {perf.cv_pct(ttft):.1f} %, range "
-          f"{min(ttft):.3f}-{max(ttft):.3f} (largest rise {(max(ttft) / min(ttft) - 1) * 100:.1f} "
-          f"%); one measurement {statistics.median(g[2] for g in got):.1f} s (median, with SSH)",
-          flush=True)
+    print(
+        f"{label}: decode median {statistics.median(decode):.1f} tok/s, CV "
+        f"{perf.cv_pct(decode):.1f} %, range {min(decode):.1f}-{max(decode):.1f} "
+        f"(largest drop between two measurements {(1 - min(decode) / max(decode)) * 100:.1f} %); "
+        f"TTFT median {statistics.median(ttft):.3f} s, CV {perf.cv_pct(ttft):.1f} %, range "
+        f"{min(ttft):.3f}-{max(ttft):.3f} (largest rise {(max(ttft) / min(ttft) - 1) * 100:.1f} "
+        f"%); one measurement {statistics.median(g[2] for g in got):.1f} s (median, with SSH)",
+        flush=True,
+    )
     return got
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--slow", default='["--threads", "1", "--ubatch-size", "1"]',
-                    help="llamacpp_server_args (JSON)")
+    ap.add_argument(
+        "--slow",
+        default='["--threads", "1", "--ubatch-size", "1"]',
+        help="llamacpp_server_args (JSON)",
+    )
     ap.add_argument("--slow-repeats", type=int, default=5)
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     quiet = lambda m: None  # noqa: E731
     w = workload()
-    print(f"gate workload: {w.runs} runs (+1 warm-up), {w.prompt_tokens} prompt tokens, "
-          f"{w.max_tokens} max tokens; {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+    print(
+        f"gate workload: {w.runs} runs (+1 warm-up), {w.prompt_tokens} prompt tokens, "
+        f"{w.max_tokens} max tokens; {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
+    )
     try:
         lifecycle.down(log=quiet)
         lifecycle.up([HOST], log=quiet)
@@ -93,12 +121,18 @@ def main() -> None:
         run = pyinfra(INVENTORY, Q4, limit=HOST, timeout=3600)
         assert run.returncode == 0, run.output[-3000:]
         fast = series(w, args.repeats, "b9785")
-        run = pyinfra(INVENTORY, Q4, limit=HOST, timeout=3600,
-                      data={"llamacpp_server_args": args.slow})
+        run = pyinfra(
+            INVENTORY, Q4, limit=HOST, timeout=3600, data={"llamacpp_server_args": args.slow}
+        )
         assert run.returncode == 0, run.output[-3000:]
         slow = series(w, args.slow_repeats, f"b9785 {args.slow}")
-        run = pyinfra(INVENTORY, Q4, limit=HOST, timeout=3600,
-                      data={"llamacpp_tag": NEWER, "llamacpp_commit": commits()[NEWER]})
+        run = pyinfra(
+            INVENTORY,
+            Q4,
+            limit=HOST,
+            timeout=3600,
+            data={"llamacpp_tag": NEWER, "llamacpp_commit": commits()[NEWER]},
+        )
         assert run.returncode == 0, run.output[-3000:]
         newer = series(w, args.slow_repeats, NEWER)
     finally:
@@ -107,8 +141,10 @@ def main() -> None:
     fd, ft = statistics.median(g[0] for g in fast), statistics.median(g[1] for g in fast)
     for label, got in ((f"slower release ({args.slow})", slow), (NEWER, newer)):
         sd, st = statistics.median(g[0] for g in got), statistics.median(g[1] for g in got)
-        print(f"{label}: decode {fd:.1f} -> {sd:.1f} tok/s ({perf.change_pct(fd, sd):+.1f} %), "
-              f"TTFT {ft:.3f} -> {st:.3f} s ({perf.change_pct(ft, st):+.1f} %)")
+        print(
+            f"{label}: decode {fd:.1f} -> {sd:.1f} tok/s ({perf.change_pct(fd, sd):+.1f} %), "
+            f"TTFT {ft:.3f} -> {st:.3f} s ({perf.change_pct(ft, st):+.1f} %)"
+        )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,17 @@ NEWER = "llama-cpp-python-0.3.36"
 
 
 def rollout(hosts: list[str], batch: int, *data: str) -> tuple[float, int, dict]:
-    cmd = [sys.executable, "-m", "servefleet.cli", "rollout", INVENTORY, Q4, "--json",
-           "--batch", str(batch)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "servefleet.cli",
+        "rollout",
+        INVENTORY,
+        Q4,
+        "--json",
+        "--batch",
+        str(batch),
+    ]
     for name in hosts:
         cmd += ["--limit", name]
     for item in data:
@@ -69,35 +78,59 @@ def main() -> None:
         assert up_rc == 0, up
         back_wall, back_rc, back = rollout(hosts, args.batch)
         assert back_rc == 0, back
-        fail_wall, fail_rc, fail = rollout(hosts, args.batch, *newer,
-                                           "llamacpp_gguf_overrides=false")
+        fail_wall, fail_rc, fail = rollout(
+            hosts, args.batch, *newer, "llamacpp_gguf_overrides=false"
+        )
         assert fail_rc == 1, fail
     finally:
         lifecycle.down(log=quiet)
 
-    table = Table(title=f"llama.cpp rollout, {args.hosts} testbed hosts, batches of {args.batch} "
-                        f"(b9785 -> {NEWER}; {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})")
-    for col in ("host", "upgrade: converge s", "upgrade: gate s", "upgrade: perf s",
-                "failing: result", "failing: gate s", "failing: rollback s"):
+    table = Table(
+        title=f"llama.cpp rollout, {args.hosts} testbed hosts, batches of {args.batch} "
+        f"(b9785 -> {NEWER}; {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})"
+    )
+    for col in (
+        "host",
+        "upgrade: converge s",
+        "upgrade: gate s",
+        "upgrade: perf s",
+        "failing: result",
+        "failing: gate s",
+        "failing: rollback s",
+    ):
         table.add_column(col, justify="right")
     for name in hosts:
         u, f = up["hosts"].get(name, {}), fail["hosts"].get(name, {})
-        table.add_row(name, str(u.get("converge_s")), str(u.get("gate_s")), str(u.get("perf_s")),
-                      str(f.get("result")), str(f.get("gate_s")), str(f.get("rollback_s")))
+        table.add_row(
+            name,
+            str(u.get("converge_s")),
+            str(u.get("gate_s")),
+            str(u.get("perf_s")),
+            str(f.get("result")),
+            str(f.get("gate_s")),
+            str(f.get("rollback_s")),
+        )
     Console().print(table)
     gates = [h["gate_s"] for h in up["hosts"].values() if h.get("gate_s") is not None]
     rolled = [h["rollback_s"] for h in fail["hosts"].values() if h.get("rollback_s") is not None]
-    print(f"upgrade rollout wall time: {up_wall:.1f} s (back to b9785: {back_wall:.1f} s); "
-          f"median per-host gate: {statistics.median(gates):.1f} s")
-    perf = [h["perf_s"] for r in (up, back) for h in r["hosts"].values()
-            if h.get("perf_s") is not None]
+    print(
+        f"upgrade rollout wall time: {up_wall:.1f} s (back to b9785: {back_wall:.1f} s); "
+        f"median per-host gate: {statistics.median(gates):.1f} s"
+    )
+    perf = [
+        h["perf_s"] for r in (up, back) for h in r["hosts"].values() if h.get("perf_s") is not None
+    ]
     if perf:
-        print(f"performance gate per host (baseline + check, both rollouts): median "
-              f"{statistics.median(perf):.1f} s ({min(perf):.1f}-{max(perf):.1f}, {len(perf)} hosts)")
+        print(
+            f"performance gate per host (baseline + check, both rollouts): median "
+            f"{statistics.median(perf):.1f} s ({min(perf):.1f}-{max(perf):.1f}, {len(perf)} hosts)"
+        )
     for name, h in up["hosts"].items():
         print(f"  {name}: {h.get('perf')}")
-    print(f"failing rollout wall time: {fail_wall:.1f} s; rollback of the failed host: "
-          f"{', '.join(f'{s:.1f} s' for s in rolled) or 'none'}")
+    print(
+        f"failing rollout wall time: {fail_wall:.1f} s; rollback of the failed host: "
+        f"{', '.join(f'{s:.1f} s' for s in rolled) or 'none'}"
+    )
 
 
 if __name__ == "__main__":

@@ -51,9 +51,13 @@ def count_commands(log_text: str) -> tuple[Counter, Counter]:
 def dry(*extra: str) -> str:
     """`pyinfra --dry` as an operator runs it: no -y, so pyinfra detects changes (reads every
     fact and runs every operation generator) and executes nothing. Exit 0 asserted."""
-    proc = subprocess.run([sys.executable, "-m", "pyinfra", "--dry", *extra, INVENTORY, DEPLOY],
-                          cwd=REPO_ROOT, capture_output=True, text=True,
-                          env={**os.environ, "NO_COLOR": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "--dry", *extra, INVENTORY, DEPLOY],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
     assert "Skipping change detection" not in proc.stdout + proc.stderr
     return proc.stdout + proc.stderr
@@ -63,8 +67,9 @@ def drift(debug: bool = False) -> subprocess.CompletedProcess:
     """`servefleet drift --json` (exit 0 asserted by the caller); with `--debug`, pyinfra's
     debug log on stderr, counted like `pyinfra --debug`'s."""
     cmd = [sys.executable, "-m", "servefleet.cli", "drift", INVENTORY, DEPLOY, "--json"]
-    return subprocess.run(cmd + (["--debug"] if debug else []), cwd=REPO_ROOT,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        cmd + (["--debug"] if debug else []), cwd=REPO_ROOT, capture_output=True, text=True
+    )
 
 
 def per_host(counter: Counter, n: int) -> str:
@@ -94,9 +99,15 @@ def measure(n: int, runs: int) -> dict:
     proc = drift(debug=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     drift_cmds, drift_py = count_commands(proc.stderr)
-    return {"n": n, "dry": statistics.median(dry_times), "drift": statistics.median(drift_times),
-            "dry_cmds": per_host(dry_cmds, n), "dry_py": per_host(dry_py, n),
-            "drift_cmds": per_host(drift_cmds, n), "drift_py": per_host(drift_py, n)}
+    return {
+        "n": n,
+        "dry": statistics.median(dry_times),
+        "drift": statistics.median(drift_times),
+        "dry_cmds": per_host(dry_cmds, n),
+        "dry_py": per_host(dry_py, n),
+        "drift_cmds": per_host(drift_cmds, n),
+        "drift_py": per_host(drift_py, n),
+    }
 
 
 def main() -> None:
@@ -114,20 +125,38 @@ def main() -> None:
                 break
     finally:
         lifecycle.down(log=lambda m: None)
-    table = Table(title=f"no-op check of {DEPLOY} (medians of {args.runs}; "
-                        f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})")
-    for col in ("hosts", "pyinfra --dry s", "servefleet drift s", "cmds/host --dry",
-                "python starts --dry", "cmds/host drift", "python starts drift"):
+    table = Table(
+        title=f"no-op check of {DEPLOY} (medians of {args.runs}; "
+        f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})"
+    )
+    for col in (
+        "hosts",
+        "pyinfra --dry s",
+        "servefleet drift s",
+        "cmds/host --dry",
+        "python starts --dry",
+        "cmds/host drift",
+        "python starts drift",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["n"]), f"{r['dry']:.2f}", f"{r['drift']:.2f}", r["dry_cmds"],
-                      r["dry_py"], r["drift_cmds"], r["drift_py"])
+        table.add_row(
+            str(r["n"]),
+            f"{r['dry']:.2f}",
+            f"{r['drift']:.2f}",
+            r["dry_cmds"],
+            r["dry_py"],
+            r["drift_cmds"],
+            r["drift_py"],
+        )
     Console().print(table)
     if len(rows) >= 2:
         a, b = rows[-2], rows[-1]
-        print(f"per added node (--dry, {a['n']}->{b['n']}): "
-              f"{(b['dry'] - a['dry']) / (b['n'] - a['n']):.3f} s; "
-              f"drift: {(b['drift'] - a['drift']) / (b['n'] - a['n']):.3f} s")
+        print(
+            f"per added node (--dry, {a['n']}->{b['n']}): "
+            f"{(b['dry'] - a['dry']) / (b['n'] - a['n']):.3f} s; "
+            f"drift: {(b['drift'] - a['drift']) / (b['n'] - a['n']):.3f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -40,20 +40,52 @@ from servefleet_dev.testbed.state import known_hosts_path, load_state  # noqa: E
 VARIANTS = {
     "paramiko defaults": {},
     "compression on": {"compress": True},
-    "kex curve25519-sha256": {"disabled_algorithms": {"kex": [
-        "ecdh-sha2-nistp256", "ecdh-sha2-nistp384", "ecdh-sha2-nistp521",
-        "diffie-hellman-group16-sha512", "diffie-hellman-group-exchange-sha256",
-        "diffie-hellman-group14-sha256", "diffie-hellman-group-exchange-sha1",
-        "diffie-hellman-group14-sha1", "diffie-hellman-group1-sha1"]}},
-    "kex ecdh-sha2-nistp256": {"disabled_algorithms": {"kex": [
-        "curve25519-sha256@libssh.org", "curve25519-sha256"]}},
-    "kex diffie-hellman-group14-sha256": {"disabled_algorithms": {"kex": [
-        "curve25519-sha256@libssh.org", "curve25519-sha256", "ecdh-sha2-nistp256",
-        "ecdh-sha2-nistp384", "ecdh-sha2-nistp521", "diffie-hellman-group16-sha512",
-        "diffie-hellman-group-exchange-sha256"]}},
-    "cipher aes256-ctr": {"disabled_algorithms": {"ciphers": [
-        "aes128-ctr", "aes192-ctr", "aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
-        "chacha20-poly1305@openssh.com", "aes128-cbc", "aes192-cbc", "aes256-cbc", "3des-cbc"]}},
+    "kex curve25519-sha256": {
+        "disabled_algorithms": {
+            "kex": [
+                "ecdh-sha2-nistp256",
+                "ecdh-sha2-nistp384",
+                "ecdh-sha2-nistp521",
+                "diffie-hellman-group16-sha512",
+                "diffie-hellman-group-exchange-sha256",
+                "diffie-hellman-group14-sha256",
+                "diffie-hellman-group-exchange-sha1",
+                "diffie-hellman-group14-sha1",
+                "diffie-hellman-group1-sha1",
+            ]
+        }
+    },
+    "kex ecdh-sha2-nistp256": {
+        "disabled_algorithms": {"kex": ["curve25519-sha256@libssh.org", "curve25519-sha256"]}
+    },
+    "kex diffie-hellman-group14-sha256": {
+        "disabled_algorithms": {
+            "kex": [
+                "curve25519-sha256@libssh.org",
+                "curve25519-sha256",
+                "ecdh-sha2-nistp256",
+                "ecdh-sha2-nistp384",
+                "ecdh-sha2-nistp521",
+                "diffie-hellman-group16-sha512",
+                "diffie-hellman-group-exchange-sha256",
+            ]
+        }
+    },
+    "cipher aes256-ctr": {
+        "disabled_algorithms": {
+            "ciphers": [
+                "aes128-ctr",
+                "aes192-ctr",
+                "aes128-gcm@openssh.com",
+                "aes256-gcm@openssh.com",
+                "chacha20-poly1305@openssh.com",
+                "aes128-cbc",
+                "aes192-cbc",
+                "aes256-cbc",
+                "3des-cbc",
+            ]
+        }
+    },
 }
 
 
@@ -78,8 +110,16 @@ def connect(rec, key: paramiko.PKey, **kwargs) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     client.load_host_keys(str(known_hosts_path()))
     client.set_missing_host_key_policy(paramiko.RejectPolicy())  # checked, never trusted blind
-    client.connect(rec.address, port=rec.ssh_port, username=ADMIN_USER, pkey=key,
-                   allow_agent=False, look_for_keys=False, timeout=10, **kwargs)
+    client.connect(
+        rec.address,
+        port=rec.ssh_port,
+        username=ADMIN_USER,
+        pkey=key,
+        allow_agent=False,
+        look_for_keys=False,
+        timeout=10,
+        **kwargs,
+    )
     return client
 
 
@@ -129,18 +169,24 @@ def main() -> None:
             _, out, _ = client.exec_command("sudo -n true")
             out.channel.recv_exit_status()
 
-        print(f"one command on an open connection (sudo -n true): "
-              f"{timed(command, args.runs) * 1000:.1f} ms median")
+        print(
+            f"one command on an open connection (sudo -n true): "
+            f"{timed(command, args.runs) * 1000:.1f} ms median"
+        )
         client.close()
 
         def all_side_by_side():
-            clients = gevent.joinall([gevent.spawn(connect, r, key) for r in recs], raise_error=True)
+            clients = gevent.joinall(
+                [gevent.spawn(connect, r, key) for r in recs], raise_error=True
+            )
             for g in clients:
                 g.value.close()
 
         wall = timed(all_side_by_side, max(3, args.runs // 3))
-        print(f"connecting to {len(recs)} hosts side by side: {wall:.2f} s wall "
-              f"({wall / len(recs) * 1000:.0f} ms per host)")
+        print(
+            f"connecting to {len(recs)} hosts side by side: {wall:.2f} s wall "
+            f"({wall / len(recs) * 1000:.0f} ms per host)"
+        )
     finally:
         lifecycle.down(log=quiet)
 

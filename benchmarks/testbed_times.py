@@ -19,6 +19,7 @@ from rich.table import Table  # noqa: E402
 from servefleet_dev.testing.pyinfra_cli import pyinfra  # noqa: E402
 from servefleet_dev.testbed import lifecycle  # noqa: E402
 
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
@@ -26,7 +27,9 @@ def main() -> None:
     args = ap.parse_args()
     quiet = lambda m: None  # noqa: E731
     rows = []
-    lifecycle.up(lifecycle.mixed_names(1), log=quiet)  # builds/caches the base image once, outside the timings
+    lifecycle.up(
+        lifecycle.mixed_names(1), log=quiet
+    )  # builds/caches the base image once, outside the timings
     lifecycle.down(log=quiet)
     for n in (int(s) for s in args.sizes.split(",")):
         ups, noops = [], []
@@ -50,8 +53,13 @@ def main() -> None:
     for col in ("hosts", "up: median", "up: min-max", "no-op converge: median", "min-max"):
         table.add_column(col, justify="right")
     for n, ups, noops in rows:
-        table.add_row(str(n), f"{statistics.median(ups):.2f}", f"{min(ups):.2f}-{max(ups):.2f}",
-                      f"{statistics.median(noops):.2f}", f"{min(noops):.2f}-{max(noops):.2f}")
+        table.add_row(
+            str(n),
+            f"{statistics.median(ups):.2f}",
+            f"{min(ups):.2f}-{max(ups):.2f}",
+            f"{statistics.median(noops):.2f}",
+            f"{min(noops):.2f}-{max(noops):.2f}",
+        )
     Console().print(table)
 
 

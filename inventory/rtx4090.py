@@ -2,4 +2,4 @@
 # Every host's data is validated here, before pyinfra connects anywhere.
 from servefleet.core.inventory import fleet_groups
 
-rtx4090, = fleet_groups(__file__, ["rtx4090"])
+(rtx4090,) = fleet_groups(__file__, ["rtx4090"])

@@ -2,4 +2,4 @@
 # Every host's data is validated here, before pyinfra connects anywhere.
 from servefleet.core.inventory import fleet_groups
 
-spark, = fleet_groups(__file__, ["spark"])
+(spark,) = fleet_groups(__file__, ["spark"])

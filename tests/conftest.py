@@ -62,8 +62,10 @@ def leftovers(netns_inode) -> list[str]:
     """Processes of this testbed instance still alive: in its namespace, or running from or
     naming its tree."""
     tree = str(tb_state.testbed_dir()) + "/"
-    found = [f"pid {p} (in the testbed's network namespace)"
-             for p in tb_net.pids_in_netns({netns_inode} if netns_inode else set())]
+    found = [
+        f"pid {p} (in the testbed's network namespace)"
+        for p in tb_net.pids_in_netns({netns_inode} if netns_inode else set())
+    ]
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
@@ -73,9 +75,12 @@ def leftovers(netns_inode) -> list[str]:
         except OSError:
             continue
         upper = tb_hosts.guest_upper(int(proc.name)) or ""  # a guest's: its root reads "/"
-        if (tree in cmd or root.startswith(tree) or upper.startswith(tree)) \
-                and tb_hosts.running(int(proc.name)):
-            found.append(f"pid {proc.name}: {cmd[:200]}" + (f" (guest of {upper})" if upper else ""))
+        if (tree in cmd or root.startswith(tree) or upper.startswith(tree)) and tb_hosts.running(
+            int(proc.name)
+        ):
+            found.append(
+                f"pid {proc.name}: {cmd[:200]}" + (f" (guest of {upper})" if upper else "")
+            )
     return found
 
 
@@ -88,9 +93,11 @@ def testinfra_host(record, key: str, user: str = "root"):
     import testinfra
 
     return testinfra.get_host(
-        f"ssh://{user}@{record.address}:{record.ssh_port}", ssh_identity_file=key,
+        f"ssh://{user}@{record.address}:{record.ssh_port}",
+        ssh_identity_file=key,
         ssh_extra_args=f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts_path()} "
-                       "-o LogLevel=ERROR")
+        "-o LogLevel=ERROR",
+    )
 
 
 @pytest.fixture
@@ -109,10 +116,19 @@ def fleet_file(testbed, ssh_key, tmp_path):
         hosts = []
         for name, (role, data) in entries.items():
             rec = load_state().hosts[name]
-            hosts.append({"name": name, "role": role, "ssh_hostname": rec.address,
-                          "ssh_port": rec.ssh_port, "ssh_user": ADMIN_USER, "sudo": True,
-                          "ssh_key": ssh_key, "ssh_known_hosts_file": str(known_hosts_path()),
-                          "data": data})
+            hosts.append(
+                {
+                    "name": name,
+                    "role": role,
+                    "ssh_hostname": rec.address,
+                    "ssh_port": rec.ssh_port,
+                    "ssh_user": ADMIN_USER,
+                    "sudo": True,
+                    "ssh_key": ssh_key,
+                    "ssh_known_hosts_file": str(known_hosts_path()),
+                    "data": data,
+                }
+            )
         path = tmp_path / "fleet.yml"
         path.write_text(yaml.safe_dump({"hosts": hosts}))
         return str(path)
@@ -126,25 +142,40 @@ def fleet_file(testbed, ssh_key, tmp_path):
 # needs, so a module does not depend on which half ran before it. Within a half, modules run in
 # this order; test_zz_teardown, which takes its instance down, comes last in its half.
 E2E_HALVES = {
-    "e2e-hosts": ["test_testbed", "test_node_output", "test_base", "test_drift", "test_models",
-                  "test_spark", "test_security", "test_status_bench", "test_rebuild",
-                  "test_zz_teardown"],
+    "e2e-hosts": [
+        "test_testbed",
+        "test_node_output",
+        "test_base",
+        "test_drift",
+        "test_models",
+        "test_spark",
+        "test_security",
+        "test_status_bench",
+        "test_rebuild",
+        "test_zz_teardown",
+    ],
     "e2e-llama": ["test_drift_recipes", "test_llamacpp", "test_rollout"],
 }
-_HALF_OF = {module: (half, pos) for half, modules in E2E_HALVES.items()
-            for pos, module in enumerate(modules)}
+_HALF_OF = {
+    module: (half, pos)
+    for half, modules in E2E_HALVES.items()
+    for pos, module in enumerate(modules)
+}
 
 
 def pytest_collection_modifyitems(config, items):
     """The halves' tests first, each half's modules in their order: the first two workers
     start on them while the third takes the rest."""
+
     def key(item):
         module = Path(str(item.fspath)).stem
         if _tier(item.nodeid) != "e2e":
             return (1, "", 0)
         if module not in _HALF_OF:
-            raise pytest.UsageError(f"{item.nodeid}: e2e module not in tests/conftest.py "
-                                    "E2E_HALVES (every e2e module belongs to one half)")
+            raise pytest.UsageError(
+                f"{item.nodeid}: e2e module not in tests/conftest.py "
+                "E2E_HALVES (every e2e module belongs to one half)"
+            )
         half, pos = _HALF_OF[module]
         return (0, half, pos)
 
@@ -184,12 +215,17 @@ def pytest_runtest_makereport(item, call):
     every test needs; SERVEFLEET_ALLOW_SKIPS=1 for a partial machine, never in CI)."""
     outcome = yield
     rep = outcome.get_result()
-    if rep.skipped and not hasattr(rep, "wasxfail") and not os.environ.get(
-            "SERVEFLEET_ALLOW_SKIPS"):
+    if (
+        rep.skipped
+        and not hasattr(rep, "wasxfail")
+        and not os.environ.get("SERVEFLEET_ALLOW_SKIPS")
+    ):
         reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
         rep.outcome = "failed"
-        rep.longrepr = (f"skipped, which counts as not run: {reason} (tests/conftest.py: every "
-                        f"test runs; ./bin/setup installs what they need)")
+        rep.longrepr = (
+            f"skipped, which counts as not run: {reason} (tests/conftest.py: every "
+            f"test runs; ./bin/setup installs what they need)"
+        )
 
 
 _NICED: list = []
@@ -212,13 +248,19 @@ def pytest_collection_finish(session):
     the background meanwhile (servefleet_dev.testing.prefetch; nice'd, same locks). Under
     xdist every worker collects: the first one starts it."""
     tiers = {_tier(item.nodeid) for item in session.items}
-    if ({"e2e", "unit"} <= tiers and _WORKER in ("", "gw0")
-            and not os.environ.get("SERVEFLEET_NO_PREFETCH")):
+    if (
+        {"e2e", "unit"} <= tiers
+        and _WORKER in ("", "gw0")
+        and not os.environ.get("SERVEFLEET_NO_PREFETCH")
+    ):
         log = open(Path(session.config.rootpath) / PREFETCH_LOG, "w")
         _PREFETCH["proc"] = subprocess.Popen(
             ["nice", "-n", "5", sys.executable, "-m", "servefleet_dev.testing.prefetch"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         _PREFETCH["log"] = log
 
 
@@ -258,19 +300,25 @@ def pytest_terminal_summary(terminalreporter):
                 if tier == "e2e":
                     module = rep.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
                     modules[module] = modules.get(module, 0.0) + rep.duration
-    terminalreporter.write_sep("-", "time per tier (workers run side by side: the sum exceeds "
-                                    "the wall time)")
+    terminalreporter.write_sep(
+        "-", "time per tier (workers run side by side: the sum exceeds the wall time)"
+    )
     for tier in TIERS:
         if counted[tier] or spent[tier]:
-            terminalreporter.write_line(f"{tier:8} {counted[tier]:5} tests  {spent[tier] / 60:6.1f} min")
+            terminalreporter.write_line(
+                f"{tier:8} {counted[tier]:5} tests  {spent[tier] / 60:6.1f} min"
+            )
     for half, names in E2E_HALVES.items():
         if any(n in modules for n in names):
             terminalreporter.write_line(
                 f"  {half}: {sum(modules.get(n, 0) for n in names) / 60:.1f} min = "
-                + ", ".join(f"{n.removeprefix('test_')} {modules.get(n, 0) / 60:.1f}"
-                            for n in names))
-    terminalreporter.write_line(f"{'session':8} {'':5}        "
-                                f"{(time.monotonic() - _SESSION_START) / 60:6.1f} min (wall)")
+                + ", ".join(
+                    f"{n.removeprefix('test_')} {modules.get(n, 0) / 60:.1f}" for n in names
+                )
+            )
+    terminalreporter.write_line(
+        f"{'session':8} {'':5}        {(time.monotonic() - _SESSION_START) / 60:6.1f} min (wall)"
+    )
     prefetch_log = Path(terminalreporter.config.rootpath) / PREFETCH_LOG
     if prefetch_log.exists() and prefetch_log.stat().st_mtime >= _SESSION_WALL_START:
         for line in prefetch_log.read_text().splitlines():
@@ -284,5 +332,6 @@ def pytest_terminal_summary(terminalreporter):
                 handled += key == "passed"
                 failed += key != "passed"
     if tried:
-        terminalreporter.write_line(f"hostile inputs: {tried} tried, {handled} handled, "
-                                    f"{failed} failed")
+        terminalreporter.write_line(
+            f"hostile inputs: {tried} tried, {handled} handled, {failed} failed"
+        )

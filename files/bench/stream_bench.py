@@ -52,9 +52,15 @@ def tokens_per_unit(url, headers, unit, deadline):
     (1.0, why) when it cannot say."""
     what = "POST /tokenize"
     try:
-        answer = engine.request(url, "POST", "/tokenize",
-                                deadline.sooner(TOKENIZE_S),
-                                {"content": unit * 50, "prompt": unit * 50}, headers, what=what)
+        answer = engine.request(
+            url,
+            "POST",
+            "/tokenize",
+            deadline.sooner(TOKENIZE_S),
+            {"content": unit * 50, "prompt": unit * 50},
+            headers,
+            what=what,
+        )
         try:
             doc = answer.expect(200).json()
         finally:
@@ -70,16 +76,28 @@ def tokens_per_unit(url, headers, unit, deadline):
 def one_request(url, headers, model, prompt, max_tokens, deadline):
     """One streamed request: its figures; a figure the answer leaves unmeasurable is None and
     `unmeasured` says why. EngineError for an answer the reader refuses."""
-    body = {"messages": [{"role": "user", "content": prompt}], "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": 0, "ignore_eos": True,
-            "max_tokens": max_tokens}
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+        "ignore_eos": True,
+        "max_tokens": max_tokens,
+    }
     if model:
         body["model"] = model
     what = "the chat completion stream"
     t_send = time.monotonic()
-    answer = engine.request(url, "POST", "/v1/chat/completions", deadline, body, headers,
-                            what=what,
-                            max_bytes=max(STREAM_BYTES_MIN, max_tokens * STREAM_BYTES_PER_TOKEN))
+    answer = engine.request(
+        url,
+        "POST",
+        "/v1/chat/completions",
+        deadline,
+        body,
+        headers,
+        what=what,
+        max_bytes=max(STREAM_BYTES_MIN, max_tokens * STREAM_BYTES_PER_TOKEN),
+    )
     t_first = None
     usage = None
     done = False
@@ -112,11 +130,16 @@ def one_request(url, headers, model, prompt, max_tokens, deadline):
     if usage is None:
         unmeasured.append("decode: the stream sent no usage (completion_tokens)")
     else:
-        completion = engine.count(engine.field(usage, "completion_tokens", f"{what}: 'usage'"),
-                                  f"{what}: 'completion_tokens'", 0, max_tokens)
+        completion = engine.count(
+            engine.field(usage, "completion_tokens", f"{what}: 'usage'"),
+            f"{what}: 'completion_tokens'",
+            0,
+            max_tokens,
+        )
         if usage.get("prompt_tokens") is not None:
-            prompt_tokens = engine.count(usage["prompt_tokens"], f"{what}: 'prompt_tokens'", 0,
-                                         TOKENS_MAX)
+            prompt_tokens = engine.count(
+                usage["prompt_tokens"], f"{what}: 'prompt_tokens'", 0, TOKENS_MAX
+            )
     if t_first is None:
         unmeasured.append("TTFT: the stream sent no content")
     decode = None
@@ -125,9 +148,13 @@ def one_request(url, headers, model, prompt, max_tokens, deadline):
             decode = (completion - 1) / (t_end - t_first)
         else:
             unmeasured.append(f"decode: {completion} completion tokens")
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "ttft_s": None if t_first is None else t_first - t_send,
-            "decode_tok_s": decode, "unmeasured": unmeasured}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "ttft_s": None if t_first is None else t_first - t_send,
+        "decode_tok_s": decode,
+        "unmeasured": unmeasured,
+    }
 
 
 def median(values):
@@ -153,11 +180,20 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=900.0,
-                    help="seconds for the whole bench, every request together")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="seconds for the whole bench, every request together",
+    )
     args = ap.parse_args(argv)
-    if args.runs < 1 or args.max_tokens < 1 or args.prompt_tokens < 1 or args.warmup < 0 \
-            or not 0 < args.timeout < 1e7:
+    if (
+        args.runs < 1
+        or args.max_tokens < 1
+        or args.prompt_tokens < 1
+        or args.warmup < 0
+        or not 0 < args.timeout < 1e7
+    ):
         ap.error("--runs, --max-tokens, --prompt-tokens and --timeout must be positive")
     deadline = engine.Deadline(args.timeout)
     key = read_key(args.api_key_file)
@@ -169,22 +205,27 @@ def main(argv=None):
         repeats = max(1, min(int(args.prompt_tokens / max(per_unit, 0.01)), TOKENS_MAX))
         for i in range(args.warmup + args.runs):
             prompt = f"{uuid.uuid4()} " + unit * repeats  # random prefix: no prefix-cache hits
-            result = one_request(args.url, headers, args.model, prompt, args.max_tokens,
-                                 deadline)
+            result = one_request(args.url, headers, args.model, prompt, args.max_tokens, deadline)
             if i >= args.warmup:
                 runs.append(result)
     except engine.EngineError as exc:
         print(f"servefleet: bench: {exc}", file=sys.stderr)
         return 1
     unmeasured = sorted({why for r in runs for why in r["unmeasured"]})
-    print(json.dumps({
-        "runs": runs,
-        "median_ttft_s": median([r["ttft_s"] for r in runs]),
-        "median_decode_tok_s": median([r["decode_tok_s"] for r in runs]),
-        "prompt_tokens": runs[0]["prompt_tokens"], "max_tokens": args.max_tokens,
-        "unmeasured": unmeasured,
-        "prompt_sizing": sizing or "the server's tokenizer",
-    }, allow_nan=False))
+    print(
+        json.dumps(
+            {
+                "runs": runs,
+                "median_ttft_s": median([r["ttft_s"] for r in runs]),
+                "median_decode_tok_s": median([r["decode_tok_s"] for r in runs]),
+                "prompt_tokens": runs[0]["prompt_tokens"],
+                "max_tokens": args.max_tokens,
+                "unmeasured": unmeasured,
+                "prompt_sizing": sizing or "the server's tokenizer",
+            },
+            allow_nan=False,
+        )
+    )
     return 0
 
 

@@ -38,7 +38,7 @@ class EngineError(Exception):
 
 def one_line(text, limit=400):
     text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def shown(value, limit=60):
@@ -118,7 +118,7 @@ class _Stream:
             if at >= 0:
                 if at > limit:
                     break
-                line, self.buf = self.buf[:at], self.buf[at + 1:]
+                line, self.buf = self.buf[:at], self.buf[at + 1 :]
                 return line[:-1] if line.endswith(b"\r") else line
             if len(self.buf) > limit:
                 break
@@ -176,11 +176,11 @@ class Answer:
             while True:
                 size_line = s.line(1024, "a chunk size line")
                 if size_line is None:
-                    raise EngineError(f"{self.what}: the connection closed in the middle of the "
-                                      f"answer")
+                    raise EngineError(
+                        f"{self.what}: the connection closed in the middle of the answer"
+                    )
                 digits = size_line.split(b";", 1)[0].strip()
-                if not digits or len(digits) > 16 or \
-                        digits.strip(b"0123456789abcdefABCDEF"):
+                if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
                     raise EngineError(f"{self.what}: a malformed chunk size {shown(size_line)}")
                 size = int(digits, 16)
                 if size == 0:
@@ -229,7 +229,7 @@ class Answer:
                     break
                 if at > limit:
                     raise EngineError(f"{self.what}: a line longer than {limit} bytes")
-                line, buf = buf[:at], buf[at + 1:]
+                line, buf = buf[:at], buf[at + 1 :]
                 yield line[:-1] if line.endswith(b"\r") else line
             if len(buf) > limit:
                 raise EngineError(f"{self.what}: a line longer than {limit} bytes")
@@ -246,8 +246,7 @@ class Answer:
             return self
         text = f"{self.what}: HTTP {self.status}"
         if 300 <= self.status < 400:
-            text += (f" (a redirect to {shown(self.headers.get('location', ''), 80)}, not "
-                     f"followed)")
+            text += f" (a redirect to {shown(self.headers.get('location', ''), 80)}, not followed)"
         else:
             try:
                 self.max_bytes = min(self.max_bytes, 64 << 10)
@@ -271,8 +270,13 @@ def request(url, method, path, deadline, body=None, headers=None, what=None, max
     if deadline.passed():
         raise deadline.expired(what)
     payload = b"" if body is None else json.dumps(body).encode()
-    lines = [f"{method} {base}{path} HTTP/1.1", f"Host: {host}:{port}", "Connection: close",
-             "Accept: */*", "User-Agent: servefleet"]
+    lines = [
+        f"{method} {base}{path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Connection: close",
+        "Accept: */*",
+        "User-Agent: servefleet",
+    ]
     if body is not None:
         lines += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
     for name, value in (headers or {}).items():
@@ -285,8 +289,9 @@ def request(url, method, path, deadline, body=None, headers=None, what=None, max
     except socket.timeout:
         raise deadline.expired(what) from None
     except OSError as exc:
-        raise EngineError(f"{what}: cannot connect to {host}:{port}: "
-                          f"{exc.strerror or exc}") from None
+        raise EngineError(
+            f"{what}: cannot connect to {host}:{port}: {exc.strerror or exc}"
+        ) from None
     try:
         left = deadline.left()
         if left <= 0:
@@ -315,8 +320,12 @@ def _status(stream, what):
     if line is None:
         raise EngineError(f"{what}: the connection closed before an answer")
     parts = line.split(b" ", 2)
-    if len(parts) < 2 or parts[0] not in (b"HTTP/1.0", b"HTTP/1.1") or len(parts[1]) != 3 \
-            or not parts[1].isdigit():
+    if (
+        len(parts) < 2
+        or parts[0] not in (b"HTTP/1.0", b"HTTP/1.1")
+        or len(parts[1]) != 3
+        or not parts[1].isdigit()
+    ):
         raise EngineError(f"{what}: not an HTTP answer: {shown(line[:80])}")
     return int(parts[1]), (parts[2] if len(parts) > 2 else b"").decode("latin-1")
 
@@ -334,14 +343,18 @@ def _headers(stream, what):
         if not sep or not name or name != name.split()[0]:
             raise EngineError(f"{what}: a malformed header line {shown(line[:80])}")
         value = value.decode("latin-1").strip()
-        if name in ("content-length", "transfer-encoding") and name in headers \
-                and headers[name] != value:
+        if (
+            name in ("content-length", "transfer-encoding")
+            and name in headers
+            and headers[name] != value
+        ):
             raise EngineError(f"{what}: two different {name} headers")
         headers[name] = value
     raise EngineError(f"{what}: more than {MAX_HEADER_LINES} header lines")
 
 
 # --- JSON, strictly --------------------------------------------------------------------------
+
 
 def _constant(name):
     raise ValueError(f"{name} is not a JSON number")
@@ -398,11 +411,18 @@ def loads(data, what, depth=MAX_DEPTH):
 
 # --- types, strictly -------------------------------------------------------------------------
 
+
 def kind(value):
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
 
 
 def obj(value, what):
@@ -439,8 +459,11 @@ def number(value, what, low=None, high=None):
     """A finite number within [low, high]: not a bool."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise EngineError(f"{what}: expected a number, got {kind(value)} {shown(value, 40)}")
-    if not math.isfinite(value) or (low is not None and value < low) \
-            or (high is not None and value > high):
+    if (
+        not math.isfinite(value)
+        or (low is not None and value < low)
+        or (high is not None and value > high)
+    ):
         raise EngineError(f"{what}: {shown(value, 40)} is out of range")
     return value
 

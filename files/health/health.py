@@ -79,17 +79,23 @@ def compare(seen, tokens=None, concurrency=None, max_model_len=None):
     if tokens is None and concurrency is None:
         return problems
     if "tokens" not in seen or "concurrency" not in seen:
-        return ["the engine log of this start has no 'GPU KV cache size' / 'Maximum concurrency' "
-                "line"]
+        return [
+            "the engine log of this start has no 'GPU KV cache size' / 'Maximum concurrency' line"
+        ]
     if tokens is not None and seen["tokens"] != tokens:
-        problems.append(f"vLLM logged GPU KV cache size {seen['tokens']:,} tokens, plan-kv "
-                        f"expected {tokens:,}")
+        problems.append(
+            f"vLLM logged GPU KV cache size {seen['tokens']:,} tokens, plan-kv expected {tokens:,}"
+        )
     if concurrency is not None and seen["concurrency"] != concurrency:
-        problems.append(f"vLLM logged maximum concurrency {seen['concurrency']}x, plan-kv "
-                        f"expected {concurrency}x")
+        problems.append(
+            f"vLLM logged maximum concurrency {seen['concurrency']}x, plan-kv "
+            f"expected {concurrency}x"
+        )
     if max_model_len is not None and seen.get("max_model_len") != max_model_len:
-        problems.append(f"vLLM logged max model len {seen.get('max_model_len')}, the recipe "
-                        f"asks {max_model_len}")
+        problems.append(
+            f"vLLM logged max model len {seen.get('max_model_len')}, the recipe "
+            f"asks {max_model_len}"
+        )
     return problems
 
 
@@ -110,9 +116,11 @@ class Unit:
     def show(self):
         if not self.name:
             return {}
-        out = subprocess.run(["systemctl", "show", "-p",
-                              "ActiveState,SubState,NRestarts,InvocationID", self.name],
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            ["systemctl", "show", "-p", "ActiveState,SubState,NRestarts,InvocationID", self.name],
+            capture_output=True,
+            text=True,
+        ).stdout
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
     def journal(self, invocation=None, lines=80):
@@ -130,8 +138,9 @@ class Unit:
 def get_health(url, deadline):
     """(status, error) of one GET /health, read within `deadline` (a Deadline) and 5 s."""
     try:
-        answer = engine.request(url, "GET", "/health", deadline.sooner(PROBE_S), what="/health",
-                                max_bytes=64 << 10)
+        answer = engine.request(
+            url, "GET", "/health", deadline.sooner(PROBE_S), what="/health", max_bytes=64 << 10
+        )
     except engine.EngineError as exc:
         return None, str(exc)
     try:
@@ -173,8 +182,7 @@ def wait_healthy(url, unit, deadline, sleep=time.sleep, now=time.monotonic):
         if trouble:
             return f"{trouble} before /health answered 200 (last answer: {last})"
         if deadline.left() < LAST_PROBE_S:  # no probe that the deadline would cut short
-            return (f"no healthy /health at {url} after {deadline.seconds:g} s (last answer: "
-                    f"{last})")
+            return f"no healthy /health at {url} after {deadline.seconds:g} s (last answer: {last})"
         sleep(max(0.0, min(1.0, deadline.left() - LAST_PROBE_S)))
 
 
@@ -200,13 +208,18 @@ def settle(url, unit, seconds, sleep=time.sleep):
 def chat(url, model, key, deadline):
     """(text, None) when one short chat completion answers with a message before `deadline`
     (a Deadline), else (None, why)."""
-    body = {"model": model, "max_tokens": 16, "temperature": 0,
-            "messages": [{"role": "user", "content": "Say hello in one word."}]}
+    body = {
+        "model": model,
+        "max_tokens": 16,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Say hello in one word."}],
+    }
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     what = "chat completion"
     try:
-        answer = engine.request(url, "POST", "/v1/chat/completions", deadline, body, headers,
-                                what=what)
+        answer = engine.request(
+            url, "POST", "/v1/chat/completions", deadline, body, headers, what=what
+        )
         try:
             doc = answer.expect(200).json()
         finally:
@@ -217,8 +230,9 @@ def chat(url, model, key, deadline):
         choice = engine.obj(choices[0], f"{what}: choice 0")
         message = engine.obj(engine.field(choice, "message", what), f"{what}: 'message'")
         content = engine.text(message.get("content"), f"{what}: 'content'", optional=True)
-        reasoning = engine.text(message.get("reasoning_content"),
-                                f"{what}: 'reasoning_content'", optional=True)
+        reasoning = engine.text(
+            message.get("reasoning_content"), f"{what}: 'reasoning_content'", optional=True
+        )
     except engine.EngineError as exc:
         return None, str(exc)
     return (content or reasoning or "")[:CHAT_SHOWN], None
@@ -269,10 +283,13 @@ def main(argv=None):
                 report["kv"] = f"KV not compared: {args.kv_not_compared}"
             elif args.expect_tokens is not None:
                 report["kv"] = "compared"
-                report["expected"] = {"tokens": args.expect_tokens,
-                                      "concurrency": args.expect_concurrency}
-                problems += compare(seen, args.expect_tokens, args.expect_concurrency,
-                                    args.max_model_len)
+                report["expected"] = {
+                    "tokens": args.expect_tokens,
+                    "concurrency": args.expect_concurrency,
+                }
+                problems += compare(
+                    seen, args.expect_tokens, args.expect_concurrency, args.max_model_len
+                )
             text, error = chat(args.url, args.model, read_key(args.key_file), deadline)
             report["chat"] = text
             if error:

@@ -82,9 +82,13 @@ def log(msg: str) -> None:
 
 def safe_relpath(path) -> bool:
     """A file path a hub or depot may name: relative, normal, no '..', no control characters."""
-    return (isinstance(path, str) and path != "" and not path.startswith("/")
-            and all(part not in ("", ".", "..") for part in path.split("/"))
-            and all(32 < ord(c) < 127 and c not in "\\'\"" for c in path))
+    return (
+        isinstance(path, str)
+        and path != ""
+        and not path.startswith("/")
+        and all(part not in ("", ".", "..") for part in path.split("/"))
+        and all(32 < ord(c) < 127 and c not in "\\'\"" for c in path)
+    )
 
 
 def bounded_dest(dest: str, root: str) -> Path:
@@ -108,12 +112,16 @@ def bytes_to_fetch(expected: dict[str, int], present: dict[str, int]) -> int:
     return sum(size for path, size in expected.items() if present.get(path) != size)
 
 
-def disk_problem(expected: dict[str, int], present: dict[str, int], free: int, margin: int) -> str | None:
+def disk_problem(
+    expected: dict[str, int], present: dict[str, int], free: int, margin: int
+) -> str | None:
     need = bytes_to_fetch(expected, present)
     if free >= need + margin:
         return None
-    return (f"not enough free disk: {need / 1e9:.2f} GB to fetch + {margin / 1e9:.2f} GB margin "
-            f"= {(need + margin) / 1e9:.2f} GB needed, {free / 1e9:.2f} GB free")
+    return (
+        f"not enough free disk: {need / 1e9:.2f} GB to fetch + {margin / 1e9:.2f} GB margin "
+        f"= {(need + margin) / 1e9:.2f} GB needed, {free / 1e9:.2f} GB free"
+    )
 
 
 # -- no symlink followed ------------------------------------------------------------------------
@@ -165,8 +173,10 @@ def unlink_inside(dest: Path, rel: str) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise Failure(f"{dest}/{rel}: a directory on the way is a symlink or not a directory "
-                      f"({exc.strerror}); refused, nothing outside {dest} is touched") from None
+        raise Failure(
+            f"{dest}/{rel}: a directory on the way is a symlink or not a directory "
+            f"({exc.strerror}); refused, nothing outside {dest} is touched"
+        ) from None
     try:
         os.unlink(name, dir_fd=dfd)
     except FileNotFoundError:
@@ -232,8 +242,11 @@ def present_files(dest: Path) -> dict[str, int]:
     out = {}
     for dirpath, dirnames, filenames in os.walk(dest):
         rel_dir = os.path.relpath(dirpath, dest)
-        dirnames[:] = [d for d in dirnames if d != PARTIAL_DIR
-                       and not (rel_dir == "." and d in (RECORD_DIR, ".cache"))]
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if d != PARTIAL_DIR and not (rel_dir == "." and d in (RECORD_DIR, ".cache"))
+        ]
         for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
             st = os.lstat(Path(dirpath) / name)
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
@@ -282,16 +295,33 @@ def rsync_stats(text: str) -> dict[str, int]:
 
 
 def _ssh_command(depot: dict) -> str:
-    return " ".join(shlex.quote(a) for a in [
-        "ssh", "-i", depot["key"], "-p", str(depot.get("port") or 22),
-        "-o", f"UserKnownHostsFile={depot['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
-        "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=15",
-        "-o", "ServerAliveInterval=15",
-    ])
+    return " ".join(
+        shlex.quote(a)
+        for a in [
+            "ssh",
+            "-i",
+            depot["key"],
+            "-p",
+            str(depot.get("port") or 22),
+            "-o",
+            f"UserKnownHostsFile={depot['known_hosts']}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "ConnectTimeout=15",
+            "-o",
+            "ServerAliveInterval=15",
+        ]
+    )
 
 
-def _rsync(depot: dict, remote: str, local: Path, list_file: Path | None = None,
-           partial: bool = False) -> None:
+def _rsync(
+    depot: dict, remote: str, local: Path, list_file: Path | None = None, partial: bool = False
+) -> None:
     host = depot["host"]
     if ":" in host:  # IPv6 literal
         host = f"[{host}]"
@@ -307,12 +337,16 @@ def _rsync(depot: dict, remote: str, local: Path, list_file: Path | None = None,
         cmd += ["--stats"]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
-        raise Failure(f"rsync from depot {depot['host']} failed ({proc.returncode}): "
-                      f"{proc.stderr.strip()[-800:]}")
+        raise Failure(
+            f"rsync from depot {depot['host']} failed ({proc.returncode}): "
+            f"{proc.stderr.strip()[-800:]}"
+        )
     if partial:
         stats = rsync_stats(proc.stdout)
-        log(f"rsync: {stats.get('Total bytes received', 0)} bytes received, "
-            f"{stats.get('Matched data', 0)} bytes reused from files already here")
+        log(
+            f"rsync: {stats.get('Total bytes received', 0)} bytes received, "
+            f"{stats.get('Matched data', 0)} bytes reused from files already here"
+        )
 
 
 MAX_MANIFEST_BYTES = 64 << 20  # a depot's record: far above a real one (a few KiB per file)
@@ -330,8 +364,10 @@ def manifest_files(doc, req: dict) -> dict[str, dict]:
     if not isinstance(doc, dict):
         raise Failure(f"the depot's manifest for {want} is not a JSON object")
     if doc.get("repo_id") != req["repo_id"] or doc.get("sha") != req["sha"]:
-        raise Failure(f"the depot's manifest is for {str(doc.get('repo_id'))[:100]}@"
-                      f"{str(doc.get('sha'))[:40]}, expected {want}")
+        raise Failure(
+            f"the depot's manifest is for {str(doc.get('repo_id'))[:100]}@"
+            f"{str(doc.get('sha'))[:40]}, expected {want}"
+        )
     files, sums = doc.get("files"), doc.get("sha256")
     if not isinstance(files, dict) or not isinstance(sums, dict):
         raise Failure(f"the depot's manifest for {want} has no files/sha256 objects")
@@ -339,16 +375,26 @@ def manifest_files(doc, req: dict) -> dict[str, dict]:
     for path, size in files.items():
         digest = sums.get(path)
         # (a path out of the directory is refused with the others in run(): safe_relpath)
-        if not isinstance(path, str) or not SAFE_PATH.fullmatch(path) or len(path) > 1024 \
-                or any(len(p) > 200 for p in path.split("/")):
-            raise Failure(f"the depot's manifest for {want} names {str(path)[:100]!r}, expected "
-                          f"a path of short names (letters, digits, ._/+@=-)")
+        if (
+            not isinstance(path, str)
+            or not SAFE_PATH.fullmatch(path)
+            or len(path) > 1024
+            or any(len(p) > 200 for p in path.split("/"))
+        ):
+            raise Failure(
+                f"the depot's manifest for {want} names {str(path)[:100]!r}, expected "
+                f"a path of short names (letters, digits, ._/+@=-)"
+            )
         if type(size) is not int or not 0 <= size < 1 << 50:
-            raise Failure(f"the depot's manifest for {want}: size of {path[:100]!r} is "
-                          f"{str(size)[:40]!r}, expected a byte count")
+            raise Failure(
+                f"the depot's manifest for {want}: size of {path[:100]!r} is "
+                f"{str(size)[:40]!r}, expected a byte count"
+            )
         if not isinstance(digest, str) or not HEX64.fullmatch(digest):
-            raise Failure(f"the depot's manifest for {want}: sha256 of {path[:100]!r} is "
-                          f"{str(digest)[:80]!r}, expected 64 hex digits")
+            raise Failure(
+                f"the depot's manifest for {want}: sha256 of {path[:100]!r} is "
+                f"{str(digest)[:80]!r}, expected 64 hex digits"
+            )
         if matches(path, req["include"]):
             out[path] = {"size": size, "sha256": digest}
     return out
@@ -362,25 +408,35 @@ def depot_manifest(req: dict, dest: Path) -> dict[str, dict]:
     try:
         _rsync(depot, f"{depot['path']}/{RECORD}", dest / rel)
     except Failure as exc:
-        raise Failure(f"depot {depot['host']} has no verified copy of {req['repo_id']}@{req['sha']} "
-                      f"(add it to depot_models and run deploys/depot.py): {exc}") from None
+        raise Failure(
+            f"depot {depot['host']} has no verified copy of {req['repo_id']}@{req['sha']} "
+            f"(add it to depot_models and run deploys/depot.py): {exc}"
+        ) from None
     fd = open_file(dest, rel)
     if fd is None:
-        raise Failure(f"the depot's manifest for {req['repo_id']}@{req['sha']} is not a regular file")
+        raise Failure(
+            f"the depot's manifest for {req['repo_id']}@{req['sha']} is not a regular file"
+        )
     with os.fdopen(fd, "rb") as f:
         data = f.read(MAX_MANIFEST_BYTES + 1)
     if len(data) > MAX_MANIFEST_BYTES:
-        raise Failure(f"the depot's manifest for {req['repo_id']}@{req['sha']} is larger than "
-                      f"{MAX_MANIFEST_BYTES} bytes")
+        raise Failure(
+            f"the depot's manifest for {req['repo_id']}@{req['sha']} is larger than "
+            f"{MAX_MANIFEST_BYTES} bytes"
+        )
     try:
         doc = json.loads(data.decode("utf-8"), parse_constant=_constant)
     except (ValueError, RecursionError) as exc:
-        raise Failure(f"the depot's manifest for {req['repo_id']}@{req['sha']} is not valid JSON "
-                      f"({str(exc)[:200]})") from None
+        raise Failure(
+            f"the depot's manifest for {req['repo_id']}@{req['sha']} is not valid JSON "
+            f"({str(exc)[:200]})"
+        ) from None
     files = manifest_files(doc, req)
     if not files:
-        raise Failure(f"no file of the depot's {req['repo_id']}@{req['sha']} matches "
-                      f"include {req['include']} (the depot has {sorted(doc['files'])[:20]})")
+        raise Failure(
+            f"no file of the depot's {req['repo_id']}@{req['sha']} matches "
+            f"include {req['include']} (the depot has {sorted(doc['files'])[:20]})"
+        )
     return files
 
 
@@ -399,11 +455,21 @@ def fetch_hub(req: dict, dest: Path) -> None:
     }
     if req.get("token_file"):
         env["HF_TOKEN_PATH"] = req["token_file"]  # the client reads the token from this file
-    cmd = [req["hf"], "download", req["repo_id"], "--revision", req["sha"], "--local-dir", str(dest)]
+    cmd = [
+        req["hf"],
+        "download",
+        req["repo_id"],
+        "--revision",
+        req["sha"],
+        "--local-dir",
+        str(dest),
+    ]
     for pattern in req["include"]:
         cmd += ["--include", pattern]
-    log(f"hf download {req['repo_id']}@{req['sha'][:12]} from {req['endpoint']} "
-        f"(include {req['include']})")
+    log(
+        f"hf download {req['repo_id']}@{req['sha'][:12]} from {req['endpoint']} "
+        f"(include {req['include']})"
+    )
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         raise Failure(f"hf download failed ({proc.returncode}): {proc.stdout.strip()[-1500:]}")
@@ -441,13 +507,17 @@ def run(req: dict) -> dict:
     if req["source"] == "depot":
         expected = depot_manifest(req, dest)
     else:
-        expected = {f["path"]: {"size": f["size"], "sha256": f.get("sha256"), "oid": f.get("oid")}
-                    for f in req["files"]}
+        expected = {
+            f["path"]: {"size": f["size"], "sha256": f.get("sha256"), "oid": f.get("oid")}
+            for f in req["files"]
+        }
 
     outside = sorted(p for p in expected if not safe_relpath(p))
     if outside:
-        raise Failure(f"{req['source']} names files outside the model directory "
-                      f"({', '.join(repr(p) for p in outside[:3])}); refused, nothing was fetched")
+        raise Failure(
+            f"{req['source']} names files outside the model directory "
+            f"({', '.join(repr(p) for p in outside[:3])}); refused, nothing was fetched"
+        )
     present = present_files(dest)
     for rel in sorted(present):
         if rel not in expected:
@@ -480,8 +550,10 @@ def run(req: dict) -> dict:
         else:
             sha256[rel] = digest
     if bad:
-        raise Failure(f"verification of {req['repo_id']}@{req['sha'][:12]} failed; deleted, the next "
-                      "run fetches again: " + "; ".join(bad))
+        raise Failure(
+            f"verification of {req['repo_id']}@{req['sha'][:12]} failed; deleted, the next "
+            "run fetches again: " + "; ".join(bad)
+        )
 
     doc = {
         "repo_id": req["repo_id"],
@@ -499,8 +571,10 @@ def run(req: dict) -> dict:
             json.dump(doc, out, indent=1, sort_keys=True)
             out.write("\n")
     total = sum(sizes.values())
-    log(f"verified {len(sizes)} files ({total / 1e6:.1f} MB) of {req['repo_id']}@{req['sha'][:12]} "
-        f"in {dest} (fetch {fetched:.1f} s)")
+    log(
+        f"verified {len(sizes)} files ({total / 1e6:.1f} MB) of {req['repo_id']}@{req['sha'][:12]} "
+        f"in {dest} (fetch {fetched:.1f} s)"
+    )
     return doc
 
 
@@ -515,9 +589,15 @@ def main(argv: list[str]) -> int:
         print(one_line(f"servefleet: {exc}"), file=sys.stderr, flush=True)
         return 1
     except OSError as exc:  # a name too long, a file where the model directory goes, ...
-        print(one_line(f"servefleet: cannot fetch {req.get('repo_id')}@"
-                       f"{str(req.get('sha'))[:12]}: {exc.strerror or exc}: "
-                       f"{str(exc.filename)[:200]}"), file=sys.stderr, flush=True)
+        print(
+            one_line(
+                f"servefleet: cannot fetch {req.get('repo_id')}@"
+                f"{str(req.get('sha'))[:12]}: {exc.strerror or exc}: "
+                f"{str(exc.filename)[:200]}"
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     return 0
 

@@ -34,8 +34,14 @@ import sys
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_long]
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
 MAP_FAILED = ctypes.c_void_p(-1).value
@@ -136,11 +142,13 @@ def evict_as(user, root):
     os.close(read)
     _, status = os.waitpid(pid, 0)
     try:
-        report = json.loads(b"".join(chunks)[:MAX_REPORT + 1])
+        report = json.loads(b"".join(chunks)[: MAX_REPORT + 1])
     except ValueError:
         report = {"error": "the child's report is not JSON"}
     if status != 0 or not isinstance(report, dict) or "error" in report:
-        raise OSError(f"evicting as {user} failed: {report.get('error') if isinstance(report, dict) else report}")
+        raise OSError(
+            f"evicting as {user} failed: {report.get('error') if isinstance(report, dict) else report}"
+        )
     keys = ("files", "bytes", "resident_before", "resident_after", "evicted")
     if not all(isinstance(report.get(k), int) for k in keys):
         raise OSError(f"evicting as {user}: an incomplete report")
@@ -158,8 +166,9 @@ def main(argv=None):
     parser.add_argument("path")
     parser.add_argument("--user", help="walk and evict as this user (the tree's owner)")
     parser.add_argument("--record", help="also write the report to this file")
-    parser.add_argument("--drop-caches", action="store_true",
-                        help="then drop the host's whole clean page cache")
+    parser.add_argument(
+        "--drop-caches", action="store_true", help="then drop the host's whole clean page cache"
+    )
     args = parser.parse_args(argv)
     if os.path.islink(args.path) or not os.path.isdir(args.path):
         print(f"evict: {args.path} is not a directory", file=sys.stderr)
@@ -186,8 +195,11 @@ def main(argv=None):
         os.replace(tmp, args.record)
     print(line)
     if status:
-        print(f"evict: /proc/sys/vm/drop_caches: {report['drop_caches']} (read-only /proc/sys? "
-              "set page_cache_drop_global = False there)", file=sys.stderr)
+        print(
+            f"evict: /proc/sys/vm/drop_caches: {report['drop_caches']} (read-only /proc/sys? "
+            "set page_cache_drop_global = False there)",
+            file=sys.stderr,
+        )
     return status
 
 

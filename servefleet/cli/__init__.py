@@ -13,8 +13,17 @@ from importlib.metadata import entry_points
 
 from servefleet.core.errors import EXIT_DOCS, DataError, Exit, InputError
 
-COMMANDS = ("bench", "drift", "inspect", "knobs", "plan_kv", "rebuild", "rollback", "rollout",
-            "status")
+COMMANDS = (
+    "bench",
+    "drift",
+    "inspect",
+    "knobs",
+    "plan_kv",
+    "rebuild",
+    "rollback",
+    "rollout",
+    "status",
+)
 # The commands that act on a fleet and exit by the table below (inspect, knobs and plan-kv read
 # local files and say their own exit status).
 FLEET_VERBS = ("bench", "drift", "rebuild", "rollback", "rollout", "status")
@@ -44,11 +53,18 @@ def exit_codes() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="servefleet", description=DESCRIPTION,
-                                     epilog=exit_codes(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                title="operator commands (test tooling: demo, hub, testbed)")
+    parser = argparse.ArgumentParser(
+        prog="servefleet",
+        description=DESCRIPTION,
+        epilog=exit_codes(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        title="operator commands (test tooling: demo, hub, testbed)",
+    )
     # Each module exposes register(subparsers) and sets func=run(args) -> int.
     for name in COMMANDS:
         importlib.import_module(f"servefleet.cli.{name}").register(sub)
@@ -84,8 +100,10 @@ def main(argv=None) -> int:
         print(f"servefleet {args.command}: {exc}", file=sys.stderr)
         return int(Exit.BAD_INPUT)
     except KeyboardInterrupt:
-        print(f"servefleet {args.command}: interrupted; rerun the same command to finish",
-              file=sys.stderr)
+        print(
+            f"servefleet {args.command}: interrupted; rerun the same command to finish",
+            file=sys.stderr,
+        )
         return int(Exit.INTERRUPTED)
 
 

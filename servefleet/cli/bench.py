@@ -20,14 +20,24 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="streaming chat benchmark on each serving node")
     p.add_argument("inventory")
     p.add_argument("--limit", action="append")
-    p.add_argument("--runs", type=int, help="measured runs after one warm-up (default 5; "
-                   "--compare: the data's perf_gate_runs)")
-    p.add_argument("--prompt-tokens", type=int, help="default 2048; --compare: the data's "
-                   "perf_gate_prompt_tokens")
-    p.add_argument("--max-tokens", type=int, help="default 256; --compare: the data's "
-                   "perf_gate_max_tokens")
-    p.add_argument("--compare", action="store_true",
-                   help="each node now against its previous release's recorded figures")
+    p.add_argument(
+        "--runs",
+        type=int,
+        help="measured runs after one warm-up (default 5; --compare: the data's perf_gate_runs)",
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        help="default 2048; --compare: the data's perf_gate_prompt_tokens",
+    )
+    p.add_argument(
+        "--max-tokens", type=int, help="default 256; --compare: the data's perf_gate_max_tokens"
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="each node now against its previous release's recorded figures",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -37,12 +47,24 @@ def _f(value, fmt):
 
 
 def render(results, runs: int, max_tokens: int) -> str:
-    rows = [(r.host, _f(r.prompt_tokens, "d"), _f(r.median_ttft_s, ".3f"),
-             _f(r.median_decode_tok_s, ".1f"), _f(r.roofline_tok_s, ".1f"),
-             _f(r.roofline_ratio, ".2f"), _status(r)) for r in results]
+    rows = [
+        (
+            r.host,
+            _f(r.prompt_tokens, "d"),
+            _f(r.median_ttft_s, ".3f"),
+            _f(r.median_decode_tok_s, ".1f"),
+            _f(r.roofline_tok_s, ".1f"),
+            _f(r.roofline_ratio, ".2f"),
+            _status(r),
+        )
+        for r in results
+    ]
     head = f"servefleet bench: median of {runs} runs, max_tokens {max_tokens}"
-    body = table(("host", "prompt", "TTFT s", "tok/s", "roofline", "ratio", "status"), rows,
-                 shrink=("host", "status"))
+    body = table(
+        ("host", "prompt", "TTFT s", "tok/s", "roofline", "ratio", "status"),
+        rows,
+        shrink=("host", "status"),
+    )
     return f"{head}\n{body}{_reasons(results)}"
 
 
@@ -53,10 +75,17 @@ def _status(r) -> str:
 def _reasons(results) -> str:
     """Each failed node's whole reason, on lines of its own (wrapped, never cut)."""
     failed = [r for r in results if not r.ok]
-    lines = [textwrap.fill(f"{r.host}: {'not reached' if r.unreachable else 'failed'}: "
-                           f"{r.error}", 80, subsequent_indent="  ") for r in failed]
+    lines = [
+        textwrap.fill(
+            f"{r.host}: {'not reached' if r.unreachable else 'failed'}: {r.error}",
+            80,
+            subsequent_indent="  ",
+        )
+        for r in failed
+    ]
     return "".join(f"\n{line}" for line in lines) + (
-        f"\n{len(failed)} of {len(results)} nodes failed" if failed else "")
+        f"\n{len(failed)} of {len(results)} nodes failed" if failed else ""
+    )
 
 
 def exit_code(results, slower: bool = False) -> Exit:
@@ -71,15 +100,29 @@ def _fig(doc, key, fmt):
 
 
 def render_compare(results) -> str:
-    rows = [(r.host, r.release, _fig(r.now, "decode_tok_s", ".1f"), _fig(r.now, "ttft_s", ".3f"),
-             r.previous_release,
-             _fig(r.previous, "decode_tok_s", ".1f"), _fig(r.previous, "ttft_s", ".3f"),
-             ("slower" if r.slower else "ok") if r.ok else _status(r)) for r in results]
-    body = table(("host", "release", "tok/s", "TTFT s", "previous", "then tok/s", "then TTFT",
-                  "status"), rows, shrink=("release", "previous", "status"))
+    rows = [
+        (
+            r.host,
+            r.release,
+            _fig(r.now, "decode_tok_s", ".1f"),
+            _fig(r.now, "ttft_s", ".3f"),
+            r.previous_release,
+            _fig(r.previous, "decode_tok_s", ".1f"),
+            _fig(r.previous, "ttft_s", ".3f"),
+            ("slower" if r.slower else "ok") if r.ok else _status(r),
+        )
+        for r in results
+    ]
+    body = table(
+        ("host", "release", "tok/s", "TTFT s", "previous", "then tok/s", "then TTFT", "status"),
+        rows,
+        shrink=("release", "previous", "status"),
+    )
     lines = "".join(f"\n{r.host}: {'; '.join(r.lines)}" for r in results if r.ok and r.lines)
-    return (f"servefleet bench --compare: now against the previous release's figures\n{body}"
-            f"{lines}{_reasons(results)}")
+    return (
+        f"servefleet bench --compare: now against the previous release's figures\n{body}"
+        f"{lines}{_reasons(results)}"
+    )
 
 
 def _progress(args, what: str):
@@ -92,10 +135,14 @@ def run(args) -> int:
     logging.getLogger("pyinfra").setLevel(logging.ERROR)
     if args.compare:
         with _progress(args, "benching each node against its previous release"):
-            compared = compare(args.inventory, args.limit, args.runs, args.prompt_tokens,
-                               args.max_tokens)
-        print(json.dumps([asdict(r) for r in compared], indent=2) if args.json
-              else render_compare(compared))
+            compared = compare(
+                args.inventory, args.limit, args.runs, args.prompt_tokens, args.max_tokens
+            )
+        print(
+            json.dumps([asdict(r) for r in compared], indent=2)
+            if args.json
+            else render_compare(compared)
+        )
         return int(exit_code(compared, slower=any(r.slower for r in compared)))
     runs, prompt = args.runs or 5, args.prompt_tokens or 2048
     max_tokens = args.max_tokens or 256

@@ -16,13 +16,21 @@ def register(sub) -> None:
     p.add_argument("inventory")
     p.add_argument("deploy")
     p.add_argument("--limit", action="append", help="host name, glob or group (repeatable)")
-    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                   help="override data, as pyinfra's --data")
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override data, as pyinfra's --data",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable report (see docs/day2.md)")
     p.add_argument("--wide", action="store_true", help="expected and found in full")
     p.add_argument("--all", action="store_true", help="list in-sync items too")
-    p.add_argument("--debug", action="store_true",
-                   help="pyinfra's debug log on stderr (each command run on a host)")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="pyinfra's debug log on stderr (each command run on a host)",
+    )
     p.set_defaults(func=run)
 
 
@@ -36,40 +44,56 @@ def render(report: drift.Report, show_all: bool = False, wide: bool = False) -> 
 
     out = []
     for host in report.hosts.values():
-        counts = {s: sum(i.state == s for i in host.items)
-                  for s in ("in_sync", "drifted", "conditional", "always_runs")}
+        counts = {
+            s: sum(i.state == s for i in host.items)
+            for s in ("in_sync", "drifted", "conditional", "always_runs")
+        }
         caption = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         out.append(fit(f"{host.name}: {host.status}" + (f" ({caption})" if caption else "")))
         if host.error:
             out += wrap(f"unchecked: {host.error}", cols, "  ", "    ")
         # An operation's last name part says what it is ("Unit servefleet-llama.service");
         # --wide and --json keep the whole "deploy | step | operation" name.
-        rows = [(i.state, i.name if wide else i.name.rsplit(" | ", 1)[-1], i.expected, i.found)
-                for i in host.items if show_all or i.state == "drifted"]
+        rows = [
+            (i.state, i.name if wide else i.name.rsplit(" | ", 1)[-1], i.expected, i.found)
+            for i in host.items
+            if show_all or i.state == "drifted"
+        ]
         if not rows:
             continue
         if wide:
             for state, name, expected, found in rows:
                 out.append(f"  {state}: {name}")
                 out.append(f"    expected: {expected}")
-                out += [f"    found:    {line}" if n == 0 else f"              {line}"
-                        for n, line in enumerate(str(found).splitlines() or [""])]
+                out += [
+                    f"    found:    {line}" if n == 0 else f"              {line}"
+                    for n, line in enumerate(str(found).splitlines() or [""])
+                ]
         else:
             flat = [(s, n, e, str(f).replace("\n", " | ")) for s, n, e, f in rows]
-            body = table(("state", "check", "expected", "found"), flat, cols - 2,
-                         shrink=("check", "expected", "found"))
+            body = table(
+                ("state", "check", "expected", "found"),
+                flat,
+                cols - 2,
+                shrink=("check", "expected", "found"),
+            )
             out += [fit("  " + line) for line in body.splitlines()]
     summary = report.to_dict()["summary"]
-    out.append(fit(f"drift: {summary['hosts']} hosts: {summary['in_sync']} in sync, "
-                   f"{summary['drifted']} drifted, {summary['unchecked']} unchecked "
-                   f"(exit {int(report.exit_code)})"))
+    out.append(
+        fit(
+            f"drift: {summary['hosts']} hosts: {summary['in_sync']} in sync, "
+            f"{summary['drifted']} drifted, {summary['unchecked']} unchecked "
+            f"(exit {int(report.exit_code)})"
+        )
+    )
     return "\n".join(out)
 
 
 def run(args) -> int:
     logging.getLogger("pyinfra").setLevel(logging.ERROR)  # our report is the output
-    report = drift.check(args.inventory, args.deploy, limit=args.limit,
-                         data=parse_data(args.data), debug=args.debug)
+    report = drift.check(
+        args.inventory, args.deploy, limit=args.limit, data=parse_data(args.data), debug=args.debug
+    )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -25,11 +25,16 @@ GGUF_MAGIC = b"GGUF"
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("inspect", help="lint a GGUF file or a safetensors checkpoint directory",
-                                   description=__doc__)
+    parser = subparsers.add_parser(
+        "inspect",
+        help="lint a GGUF file or a safetensors checkpoint directory",
+        description=__doc__,
+    )
     parser.add_argument("path", type=Path, help="a .gguf file or a checkpoint directory")
     parser.add_argument("--json", action="store_true", help="print the lint as one JSON object")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a defect or finding is reported")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 when a defect or finding is reported"
+    )
     parser.set_defaults(func=run)
 
 
@@ -68,13 +73,19 @@ def _show_gguf(console: Console, path: Path, lint: GgufLint) -> None:
         console.print("[green]block_count matches the blk.N tensors[/green]")
         return
     if lint.defect == "uncounted_blocks_missing":
-        console.print(f"[red]defect[/red] {lint.defect}: block_count {lint.block_count} counts blocks the file "
-                      f"does not hold (highest blk index {lint.highest_block}); llama.cpp fails with "
-                      f"'blk.{lint.highest_block + 1}.attn_norm.weight' not found")
+        console.print(
+            f"[red]defect[/red] {lint.defect}: block_count {lint.block_count} counts blocks the file "
+            f"does not hold (highest blk index {lint.highest_block}); llama.cpp fails with "
+            f"'blk.{lint.highest_block + 1}.attn_norm.weight' not found"
+        )
     else:
-        console.print(f"[red]defect[/red] {lint.defect}: tensors for blk.0..blk.{lint.highest_block} "
-                      f"({lint.highest_block + 1} blocks) but block_count is {lint.block_count}")
-    console.print(f"fix: llama-server --override-kv {override_kv_flag(lint)}", soft_wrap=True, markup=False)
+        console.print(
+            f"[red]defect[/red] {lint.defect}: tensors for blk.0..blk.{lint.highest_block} "
+            f"({lint.highest_block + 1} blocks) but block_count is {lint.block_count}"
+        )
+    console.print(
+        f"fix: llama-server --override-kv {override_kv_flag(lint)}", soft_wrap=True, markup=False
+    )
 
 
 def _show_checkpoint(console: Console, path: Path, lint: CheckpointLint) -> None:
@@ -86,7 +97,10 @@ def _show_checkpoint(console: Console, path: Path, lint: CheckpointLint) -> None
         ("visual tensors", str(lint.visual_tensors)),
         ("mtp tensors", str(lint.mtp_tensors)),
         ("total bytes", total),
-        ("mtp_num_hidden_layers", "-" if lint.mtp_num_hidden_layers is None else str(lint.mtp_num_hidden_layers)),
+        (
+            "mtp_num_hidden_layers",
+            "-" if lint.mtp_num_hidden_layers is None else str(lint.mtp_num_hidden_layers),
+        ),
         ("vision_config", "yes" if lint.has_vision_config else "no"),
     ]
     for key, value in rows:
@@ -95,8 +109,9 @@ def _show_checkpoint(console: Console, path: Path, lint: CheckpointLint) -> None
     if not lint.findings:
         console.print("[green]no findings[/green]")
     for finding in lint.findings:  # messages quote shard names from the index: no markup
-        console.print(f"[yellow]{finding.code}[/yellow]: {escape(one_line(finding.message))}",
-                      soft_wrap=True)
+        console.print(
+            f"[yellow]{finding.code}[/yellow]: {escape(one_line(finding.message))}", soft_wrap=True
+        )
 
 
 def run(args) -> int:

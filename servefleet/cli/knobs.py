@@ -70,8 +70,7 @@ def item(name: str, default: str, literal: bool, recipes: str, doc: str) -> list
         lines = wrap(text, MAX_COLUMNS, more="  ")
         # A line that went on must not open a list, a quote or a heading of its own: glue the
         # word that would open it to the word before.
-        opener = next((line.split()[0] for line in lines[1:] if BLOCK.match(line.lstrip())),
-                      None)
+        opener = next((line.split()[0] for line in lines[1:] if BLOCK.match(line.lstrip())), None)
         if opener is None:
             return [line.replace(KEEP, " ") for line in lines]
         text = re.sub(rf" (?={re.escape(opener)}( |$))", KEEP, text, count=1)
@@ -93,15 +92,22 @@ def run(args) -> int:
     # The data pyinfra reads is the one under the current directory (the operator's repository),
     # not the installed package's copy: knobs reads the same, or says where to run it.
     if not groupdata.group_file("all").is_file():
-        raise InputError(f"no {groupdata.group_file('all')} in {Path.cwd()}: run from the "
-                         f"repository root (where group_data/ and inventory/ are)")
+        raise InputError(
+            f"no {groupdata.group_file('all')} in {Path.cwd()}: run from the "
+            f"repository root (where group_data/ and inventory/ are)"
+        )
     if args.markdown:
         print(markdown(), end="")
         return 0
     for group, title in SECTIONS:
         if groupdata.group_file(group).is_file():
             print(f"{title}:")
-            print(table(("key", "default", "meaning"), [(n, d, doc) for n, d, _, doc in rows(group)],
-                        shrink=("default", "meaning")))
+            print(
+                table(
+                    ("key", "default", "meaning"),
+                    [(n, d, doc) for n, d, _, doc in rows(group)],
+                    shrink=("default", "meaning"),
+                )
+            )
             print()
     return 0

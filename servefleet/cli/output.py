@@ -25,19 +25,29 @@ def cut(text: str, size: int) -> str:
     text = str(text)
     if len(text) <= size:
         return text
-    return text[:max(size - 1, 0)] + ELLIPSIS if size > 0 else ""
+    return text[: max(size - 1, 0)] + ELLIPSIS if size > 0 else ""
 
 
 def wrap(text: str, size: int, indent: str = "", more: str = "  ") -> list[str]:
     """Text that must be read whole (an error, a reason) as lines of at most `size` columns,
     the first indented by `indent`, the others by `more`; a word longer than a line (a path)
     is kept whole on its own line rather than broken."""
-    return textwrap.wrap(str(text), max(size, 20), initial_indent=indent, subsequent_indent=more,
-                         break_long_words=False, break_on_hyphens=False) or [indent]
+    return textwrap.wrap(
+        str(text),
+        max(size, 20),
+        initial_indent=indent,
+        subsequent_indent=more,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [indent]
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence], max_width: int | None = None,
-          shrink: Sequence[str] = ()) -> str:
+def table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence],
+    max_width: int | None = None,
+    shrink: Sequence[str] = (),
+) -> str:
     """Columns separated by two spaces; when the lines are wider than max_width, the columns
     named in `shrink` (or the widest ones) are cut, widest first, until every line fits."""
     limit = max_width or width()

@@ -24,8 +24,18 @@ from servefleet.core import kvplan
 from servefleet.core.errors import InputError
 from servefleet.core.lint.checkpoint import checkpoint_roots, one_line, resolve_inside
 
-_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
 
 
 def parse_bytes(text: str) -> int:
@@ -47,22 +57,43 @@ def register(subparsers) -> None:
     )
     p.add_argument("--config", help="config.json of the model (default: CHECKPOINT/config.json)")
     p.add_argument("--max-model-len", type=int, required=True, help="vLLM --max-model-len")
-    p.add_argument("--kv-cache-memory-bytes", type=parse_bytes, required=True,
-                   help="vLLM --kv-cache-memory-bytes: the KV pool (e.g. 8589934592 or 8GiB)")
-    p.add_argument("--block-alignment", type=int, default=16,
-                   help="attention kernel block alignment (16 for FLASH_ATTN)")
-    p.add_argument("--mamba-ssm-cache-dtype", default="auto",
-                   choices=["auto", "float32", "bfloat16", "float16"],
-                   help="vLLM --mamba-ssm-cache-dtype (auto: the config's mamba_ssm_dtype)")
-    p.add_argument("--mamba-cache-mode", default="none", choices=["none", "align"],
-                   help="none: vLLM's default for hybrid models; align: with --enable-prefix-caching")
+    p.add_argument(
+        "--kv-cache-memory-bytes",
+        type=parse_bytes,
+        required=True,
+        help="vLLM --kv-cache-memory-bytes: the KV pool (e.g. 8589934592 or 8GiB)",
+    )
+    p.add_argument(
+        "--block-alignment",
+        type=int,
+        default=16,
+        help="attention kernel block alignment (16 for FLASH_ATTN)",
+    )
+    p.add_argument(
+        "--mamba-ssm-cache-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="vLLM --mamba-ssm-cache-dtype (auto: the config's mamba_ssm_dtype)",
+    )
+    p.add_argument(
+        "--mamba-cache-mode",
+        default="none",
+        choices=["none", "align"],
+        help="none: vLLM's default for hybrid models; align: with --enable-prefix-caching",
+    )
     p.add_argument("--checkpoint", help="checkpoint dir: its *.safetensors sizes are the weights")
-    p.add_argument("--usable-memory-bytes", type=parse_bytes,
-                   help=f"memory one serving process may use (default with --checkpoint: "
-                        f"{kvplan.SPARK_USABLE_MEMORY_BYTES // kvplan.GiB} GiB, a DGX Spark)")
-    p.add_argument("--overhead-bytes", type=parse_bytes,
-                   help=f"non-weight, non-KV memory: CUDA context, activations, CUDA graphs "
-                        f"(default {kvplan.DEFAULT_OVERHEAD_BYTES // kvplan.GiB} GiB, an estimate)")
+    p.add_argument(
+        "--usable-memory-bytes",
+        type=parse_bytes,
+        help=f"memory one serving process may use (default with --checkpoint: "
+        f"{kvplan.SPARK_USABLE_MEMORY_BYTES // kvplan.GiB} GiB, a DGX Spark)",
+    )
+    p.add_argument(
+        "--overhead-bytes",
+        type=parse_bytes,
+        help=f"non-weight, non-KV memory: CUDA context, activations, CUDA graphs "
+        f"(default {kvplan.DEFAULT_OVERHEAD_BYTES // kvplan.GiB} GiB, an estimate)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -89,13 +120,17 @@ def _weights_bytes(checkpoint: str) -> int:
 
 def run(args) -> int:
     # Every refusal is one line (InputError; servefleet.cli prints it and exits 2).
-    if (args.usable_memory_bytes is not None or args.overhead_bytes is not None) and not args.checkpoint:
+    if (
+        args.usable_memory_bytes is not None or args.overhead_bytes is not None
+    ) and not args.checkpoint:
         raise InputError("--usable-memory-bytes/--overhead-bytes need --checkpoint (the weights)")
     config_path = args.config or (args.checkpoint and Path(args.checkpoint) / "config.json")
     if not config_path:
         raise InputError("give --config (or --checkpoint holding config.json)")
-    for flag, value, limit in (("--max-model-len", args.max_model_len, kvplan.MAX_MODEL_LEN),
-                               ("--block-alignment", args.block_alignment, kvplan.MAX_CONFIG_INT)):
+    for flag, value, limit in (
+        ("--max-model-len", args.max_model_len, kvplan.MAX_MODEL_LEN),
+        ("--block-alignment", args.block_alignment, kvplan.MAX_CONFIG_INT),
+    ):
         if not 0 < value <= limit:
             raise InputError(f"{flag} {value}: expected 1 to {limit}")
     try:
@@ -104,7 +139,9 @@ def run(args) -> int:
         raise InputError(one_line(str(e))) from None
     try:
         plan = kvplan.plan_kv(
-            config, args.max_model_len, args.kv_cache_memory_bytes,
+            config,
+            args.max_model_len,
+            args.kv_cache_memory_bytes,
             block_alignment=args.block_alignment,
             mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
             mamba_cache_mode=args.mamba_cache_mode,
@@ -118,10 +155,14 @@ def run(args) -> int:
         except (OSError, ValueError) as e:
             raise InputError(one_line(str(e))) from None
         bud = kvplan.budget(
-            weights, args.kv_cache_memory_bytes,
+            weights,
+            args.kv_cache_memory_bytes,
             usable_memory_bytes=args.usable_memory_bytes or kvplan.SPARK_USABLE_MEMORY_BYTES,
-            overhead_bytes=(kvplan.DEFAULT_OVERHEAD_BYTES if args.overhead_bytes is None
-                            else args.overhead_bytes),
+            overhead_bytes=(
+                kvplan.DEFAULT_OVERHEAD_BYTES
+                if args.overhead_bytes is None
+                else args.overhead_bytes
+            ),
         )
 
     ok = plan.fits and (bud is None or bud.fits)
@@ -142,31 +183,50 @@ def _print_human(console: Console, plan: kvplan.KVPlan, bud: kvplan.Budget | Non
     table.add_column(style="bold")
     table.add_column(justify="right")
     table.add_row("Attention block size", f"{plan.block_size:,} tokens")
-    table.add_row("KV cache groups", f"{plan.full_groups} full + {plan.mamba_groups} linear attention")
+    table.add_row(
+        "KV cache groups", f"{plan.full_groups} full + {plan.mamba_groups} linear attention"
+    )
     table.add_row("Layers per group", f"{plan.group_size} ({plan.padding_layers} padding)")
-    table.add_row("Bytes per block", f"{plan.bytes_per_block:,} ({plan.group_size} x {plan.page_bytes:,})")
+    table.add_row(
+        "Bytes per block", f"{plan.bytes_per_block:,} ({plan.group_size} x {plan.page_bytes:,})"
+    )
     table.add_row("Blocks in pool", f"{plan.num_blocks:,}")
     table.add_row("Blocks per request", f"{plan.blocks_per_request:,}")
     table.add_row("GPU KV cache size", f"{plan.tokens:,} tokens")
-    table.add_row(f"Max concurrency ({plan.max_model_len:,} tokens)", f"{plan.max_concurrency:.2f}x")
-    table.add_row("Needed for one request", f"{gib(plan.needed_bytes)} GiB ({plan.needed_bytes:,} B)")
+    table.add_row(
+        f"Max concurrency ({plan.max_model_len:,} tokens)", f"{plan.max_concurrency:.2f}x"
+    )
+    table.add_row(
+        "Needed for one request", f"{gib(plan.needed_bytes)} GiB ({plan.needed_bytes:,} B)"
+    )
     if bud is not None:
         table.add_row("Weights", f"{gib(bud.weights_bytes)} GiB")
-        table.add_row("Weights + KV pool + overhead",
-                      f"{gib(bud.total_bytes)} GiB of {gib(bud.usable_memory_bytes)} GiB usable")
+        table.add_row(
+            "Weights + KV pool + overhead",
+            f"{gib(bud.total_bytes)} GiB of {gib(bud.usable_memory_bytes)} GiB usable",
+        )
     console.print(table)
 
     if plan.fits:
-        console.print(f"[green]OK[/green]: the {gib(plan.kv_cache_memory_bytes)} GiB pool holds "
-                      f"{plan.max_concurrency:.2f} requests of {plan.max_model_len:,} tokens.")
+        console.print(
+            f"[green]OK[/green]: the {gib(plan.kv_cache_memory_bytes)} GiB pool holds "
+            f"{plan.max_concurrency:.2f} requests of {plan.max_model_len:,} tokens."
+        )
     else:
-        hint = (f"; it holds at most {plan.estimated_max_model_len:,} tokens per request"
-                if plan.estimated_max_model_len else "")
-        console.print(f"[red]REFUSED[/red]: vLLM needs {gib(plan.needed_bytes)} GiB "
-                      f"({plan.needed_bytes:,} bytes) of KV cache for one {plan.max_model_len:,}-token "
-                      f"request; the pool is {gib(plan.kv_cache_memory_bytes)} GiB{hint}.")
+        hint = (
+            f"; it holds at most {plan.estimated_max_model_len:,} tokens per request"
+            if plan.estimated_max_model_len
+            else ""
+        )
+        console.print(
+            f"[red]REFUSED[/red]: vLLM needs {gib(plan.needed_bytes)} GiB "
+            f"({plan.needed_bytes:,} bytes) of KV cache for one {plan.max_model_len:,}-token "
+            f"request; the pool is {gib(plan.kv_cache_memory_bytes)} GiB{hint}."
+        )
     if bud is not None and not bud.fits:
-        console.print(f"[red]OVER BUDGET[/red]: weights {gib(bud.weights_bytes)} + KV pool "
-                      f"{gib(bud.kv_cache_memory_bytes)} + overhead {gib(bud.overhead_bytes)} = "
-                      f"{gib(bud.total_bytes)} GiB > {gib(bud.usable_memory_bytes)} GiB usable "
-                      f"(short by {gib(bud.total_bytes - bud.usable_memory_bytes)} GiB).")
+        console.print(
+            f"[red]OVER BUDGET[/red]: weights {gib(bud.weights_bytes)} + KV pool "
+            f"{gib(bud.kv_cache_memory_bytes)} + overhead {gib(bud.overhead_bytes)} = "
+            f"{gib(bud.total_bytes)} GiB > {gib(bud.usable_memory_bytes)} GiB usable "
+            f"(short by {gib(bud.total_bytes - bud.usable_memory_bytes)} GiB)."
+        )

@@ -23,10 +23,19 @@ def register(sub) -> None:
     p.add_argument("inventory")
     p.add_argument("deploy")
     p.add_argument("--limit", action="append", required=True, help="host (repeatable)")
-    p.add_argument("--max-hosts", type=int, default=1,
-                   help="refuse when --limit selects more hosts than this (default 1)")
-    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                   help="override data, as pyinfra's --data (for the converge and the teardown)")
+    p.add_argument(
+        "--max-hosts",
+        type=int,
+        default=1,
+        help="refuse when --limit selects more hosts than this (default 1)",
+    )
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override data, as pyinfra's --data (for the converge and the teardown)",
+    )
     p.add_argument("--purge-models", action="store_true", help="also delete the models")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -40,11 +49,16 @@ def _say(msg):
 def _report(args, result: rebuild.RebuildResult, refused: bool) -> dict:
     """--json: one object whatever happened, a refusal (bad input, unreachable, cancelled)
     included; `exit_code` is the command's."""
-    return {"hosts": result.hosts, "purge_models": args.purge_models, "refused": refused,
-            "teardown": {n: asdict(o) for n, o in result.teardown.items()},
-            "converge": {n: asdict(o) for n, o in result.converge.items()},
-            "ok": result.exit_code == Exit.OK, "exit_code": int(result.exit_code),
-            "message": result.message or None}
+    return {
+        "hosts": result.hosts,
+        "purge_models": args.purge_models,
+        "refused": refused,
+        "teardown": {n: asdict(o) for n, o in result.teardown.items()},
+        "converge": {n: asdict(o) for n, o in result.converge.items()},
+        "ok": result.exit_code == Exit.OK,
+        "exit_code": int(result.exit_code),
+        "message": result.message or None,
+    }
 
 
 def _refuse(args, result: rebuild.RebuildResult) -> int:
@@ -68,21 +82,33 @@ def run(args) -> int:
     if not args.yes:
         # The question goes to stderr, so stdout stays the report (--json); no answer (end of
         # input) is a no.
-        print(f"Rebuild {', '.join(planned.hosts)}: remove {what}, then converge {args.deploy}? "
-              f"[yes/no] ", end="", file=sys.stderr, flush=True)
+        print(
+            f"Rebuild {', '.join(planned.hosts)}: remove {what}, then converge {args.deploy}? "
+            f"[yes/no] ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
         answer = sys.stdin.readline()
         if answer.strip().lower() != "yes":
-            return _refuse(args, rebuild.RebuildResult(planned.hosts, Exit.DIFFERS,
-                                                       "cancelled; nothing was changed"))
-    result = rebuild.rebuild(args.inventory, args.deploy, planned.hosts, args.purge_models, data,
-                             say=_say)
+            return _refuse(
+                args,
+                rebuild.RebuildResult(
+                    planned.hosts, Exit.DIFFERS, "cancelled; nothing was changed"
+                ),
+            )
+    result = rebuild.rebuild(
+        args.inventory, args.deploy, planned.hosts, args.purge_models, data, say=_say
+    )
     if args.json:
         print(json.dumps(_report(args, result, refused=False), indent=2))
     else:
         for phase, outcomes in (("teardown", result.teardown), ("converge", result.converge)):
             for name, o in outcomes.items():
-                print(f"{name}: {phase} {'ok' if o.ok else 'FAILED'} ({o.changed} of "
-                      f"{o.operations} operations changed){'' if o.ok else ': ' + str(o.error)}")
+                print(
+                    f"{name}: {phase} {'ok' if o.ok else 'FAILED'} ({o.changed} of "
+                    f"{o.operations} operations changed){'' if o.ok else ': ' + str(o.error)}"
+                )
     if result.message:
         _say(result.message)
     return int(result.exit_code)

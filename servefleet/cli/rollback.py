@@ -16,8 +16,12 @@ def register(sub) -> None:
     p = sub.add_parser("rollback", help="serve the previous release again, on purpose")
     p.add_argument("inventory")
     p.add_argument("--limit", action="append", required=True, help="host (repeatable)")
-    p.add_argument("--all", action="store_true", dest="everything",
-                   help="allow a glob or group that selects more hosts than named one by one")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        dest="everything",
+        help="allow a glob or group that selects more hosts than named one by one",
+    )
     p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -25,8 +29,13 @@ def register(sub) -> None:
 
 def run(args) -> int:
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
-    report = rollback(args.inventory, args.limit, parse_data(args.data),
-                      lambda line: None if args.json else print(f"  {line}"), args.everything)
+    report = rollback(
+        args.inventory,
+        args.limit,
+        parse_data(args.data),
+        lambda line: None if args.json else print(f"  {line}"),
+        args.everything,
+    )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -27,17 +27,48 @@ def model_name(repo: str | None) -> str | None:
 
 def render(nodes, wide: bool = False) -> str:
     if wide:
-        headers = ("host", "role", "engine", "model", "revision", "service", "enabled",
-                   "/health", "port", "memory GiB", "VRAM GiB", "release", "previous",
-                   "release perf", "previous perf", "error")
-        rows = [(n.host, n.role, n.engine_detail, n.model, n.revision, n.service, n.enabled,
-                 n.health, n.port,
-                 None if n.memory_total_gib is None else f"{n.memory_used_gib}/{n.memory_total_gib}",
-                 n.vram_used_gib,
-                 n.release + (f" (rolled back from {n.rolled_back_from})" if n.rolled_back_from
-                              else "") if n.release else None,
-                 n.previous_release, perf_short(n.release_perf),
-                 perf_short(n.previous_release_perf), n.error) for n in nodes]
+        headers = (
+            "host",
+            "role",
+            "engine",
+            "model",
+            "revision",
+            "service",
+            "enabled",
+            "/health",
+            "port",
+            "memory GiB",
+            "VRAM GiB",
+            "release",
+            "previous",
+            "release perf",
+            "previous perf",
+            "error",
+        )
+        rows = [
+            (
+                n.host,
+                n.role,
+                n.engine_detail,
+                n.model,
+                n.revision,
+                n.service,
+                n.enabled,
+                n.health,
+                n.port,
+                None if n.memory_total_gib is None else f"{n.memory_used_gib}/{n.memory_total_gib}",
+                n.vram_used_gib,
+                n.release
+                + (f" (rolled back from {n.rolled_back_from})" if n.rolled_back_from else "")
+                if n.release
+                else None,
+                n.previous_release,
+                perf_short(n.release_perf),
+                perf_short(n.previous_release_perf),
+                n.error,
+            )
+            for n in nodes
+        ]
         return table(headers, rows, max_width=10**6)
     headers = ("host", "role", "engine", "model", "service", "health", "previous")
     rows = []
@@ -45,8 +76,9 @@ def render(nodes, wide: bool = False) -> str:
         if n.error:  # the reason, whole, goes under the table
             rows.append((n.host, n.role, "not read (below)", None, None, None, None))
             continue
-        rows.append((n.host, n.role, n.engine, model_name(n.model), n.service, n.health,
-                     n.previous_release))
+        rows.append(
+            (n.host, n.role, n.engine, model_name(n.model), n.service, n.health, n.previous_release)
+        )
     lines = [table(headers, rows, shrink=("engine", "model", "previous"))]
     for n in nodes:
         if n.error:

@@ -37,43 +37,68 @@ class Knob:
     required_by: tuple[str, ...] = ()  # recipes for which None is not a value
 
 
-_MODEL_INCLUDE = c.list_of(c.pattern("a glob pattern without spaces", r"[A-Za-z0-9._*?\[\]/-]+"),
-                           non_empty=True)
+_MODEL_INCLUDE = c.list_of(
+    c.pattern("a glob pattern without spaces", r"[A-Za-z0-9._*?\[\]/-]+"), non_empty=True
+)
 _CMAKE_VAR = c.pattern("a CMake variable name", r"[A-Za-z_][A-Za-z0-9_]*")
-_CMAKE_VALUE = c.pattern("a value of letters, digits and '._-+;,:='",
-                         r"[A-Za-z0-9._+;,:=-]+")
+_CMAKE_VALUE = c.pattern("a value of letters, digits and '._-+;,:='", r"[A-Za-z0-9._+;,:=-]+")
 # CMake variables whose value CMake runs or includes (a launcher list `sh;-c;...`, a compiler, a
 # toolchain or include file) are root's to choose, not data's; `;` (a CMake list) only in the
 # architecture lists.
-_CMAKE_RUNS = re.compile(r"CMAKE_\w*(LAUNCHER|COMPILER\w*|LINKER\w*|TOOLCHAIN_FILE|INCLUDE\w*)|"
-                         r"\w*_COMMAND|\w*_EXECUTABLE")
+_CMAKE_RUNS = re.compile(
+    r"CMAKE_\w*(LAUNCHER|COMPILER\w*|LINKER\w*|TOOLCHAIN_FILE|INCLUDE\w*)|"
+    r"\w*_COMMAND|\w*_EXECUTABLE"
+)
 _CMAKE_FLAGS = c.Check(
     "{CMake variable: value} without variables CMake runs or includes (*_LAUNCHER, *_COMPILER, "
     "*_TOOLCHAIN_FILE, *_INCLUDE*, *_COMMAND, *_EXECUTABLE); ';' only in *_ARCHITECTURES",
-    lambda v: c.dict_of(_CMAKE_VAR, _CMAKE_VALUE).ok(v) and all(
-        not _CMAKE_RUNS.fullmatch(k) and (";" not in val or k.endswith("_ARCHITECTURES"))
-        for k, val in v.items()))
+    lambda v: (
+        c.dict_of(_CMAKE_VAR, _CMAKE_VALUE).ok(v)
+        and all(
+            not _CMAKE_RUNS.fullmatch(k) and (";" not in val or k.endswith("_ARCHITECTURES"))
+            for k, val in v.items()
+        )
+    ),
+)
 _GIT_URL = c.Check(
     "a git URL (https://, ssh://, git://, file://) or an absolute path, without spaces",
-    lambda v: c.clean_abs_path(v) or (isinstance(v, str) and re.fullmatch(
-        r"(https?|ssh|git|file)://[A-Za-z0-9._~:/@%+-]+", v) is not None))
-_GGUF_FILE = c.pattern("a .gguf file name (letters, digits, '._-')",
-                       r"[A-Za-z0-9][A-Za-z0-9._-]*\.gguf")
+    lambda v: (
+        c.clean_abs_path(v)
+        or (
+            isinstance(v, str)
+            and re.fullmatch(r"(https?|ssh|git|file)://[A-Za-z0-9._~:/@%+-]+", v) is not None
+        )
+    ),
+)
+_GGUF_FILE = c.pattern(
+    "a .gguf file name (letters, digits, '._-')", r"[A-Za-z0-9][A-Za-z0-9._-]*\.gguf"
+)
 _HOST_ADDRESS = c.pattern("an IP address or host name", r"[A-Za-z0-9][A-Za-z0-9.:-]*")
 _DEPOT_MODEL = c.Check(
     'a list of {"repo_id": "org/name", "revision": "main" or a sha, "include": [globs]}',
-    lambda v: isinstance(v, (list, tuple)) and all(
-        isinstance(m, dict) and set(m) <= {"repo_id", "revision", "include"}
-        and c.REPO_ID.ok(m.get("repo_id"))
-        and (m.get("revision") is None or c.REVISION.ok(m["revision"]))
-        and (m.get("include") is None or _MODEL_INCLUDE.ok(m["include"])) for m in v))
+    lambda v: (
+        isinstance(v, (list, tuple))
+        and all(
+            isinstance(m, dict)
+            and set(m) <= {"repo_id", "revision", "include"}
+            and c.REPO_ID.ok(m.get("repo_id"))
+            and (m.get("revision") is None or c.REVISION.ok(m["revision"]))
+            and (m.get("include") is None or _MODEL_INCLUDE.ok(m["include"]))
+            for m in v
+        )
+    ),
+)
 # SystemCallFilter= words: an allow list (the first word allows), `~` words remove from it.
 _SYSCALL_FILTER = c.Check(
     'a list of system-call groups or names, the first an allow ("@system-service"), '
     'then removals ("~@privileged")',
-    lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(
-        isinstance(w, str) and sandbox.SYSCALL_WORD.fullmatch(w) for w in v)
-    and not v[0].startswith("~"))
+    lambda v: (
+        isinstance(v, (list, tuple))
+        and len(v) > 0
+        and all(isinstance(w, str) and sandbox.SYSCALL_WORD.fullmatch(w) for w in v)
+        and not v[0].startswith("~")
+    ),
+)
 _FILE = c.Check("a path of a file on the operator's machine (no spaces)", c.safe_text)
 
 K = Knob
@@ -102,8 +127,13 @@ KNOBS: tuple[Knob, ...] = (
     K("service_host", c.IP, SERVING + (BENCH,), serving=True),
     K("service_port", c.integer(1, 65535), SERVING + (BENCH,), serving=True),
     K("api_key_file", c.optional(_FILE), SERVING + (BENCH,)),
-    K("served_model_name", c.optional(c.SERVED_NAME), SERVING + (BENCH,), serving=True,
-      required_by=SERVING),
+    K(
+        "served_model_name",
+        c.optional(c.SERVED_NAME),
+        SERVING + (BENCH,),
+        serving=True,
+        required_by=SERVING,
+    ),
     K("service_syscall_filter", _SYSCALL_FILTER, SERVING, serving=True),
     K("health_timeout_s", c.integer(1, c.SECONDS_MAX), SERVING + (ROLLOUT,)),
     K("health_settle_s", c.integer(0, 86400), SERVING + (ROLLOUT,)),
@@ -124,8 +154,13 @@ KNOBS: tuple[Knob, ...] = (
     K("huggingface_hub_version", c.VERSION, (BF16, Q4, DEPOT, MODEL)),
     K("download_margin_bytes", c.integer(0, c.BYTES_MAX), (BF16, Q4, DEPOT, MODEL)),
     K("hub_timeout_seconds", c.integer(1, 3600), (BF16, Q4, DEPOT, MODEL)),
-    K("model_repo", c.optional(c.REPO_ID), (BF16, Q4, MODEL), serving=True,
-      required_by=(BF16, Q4, MODEL)),
+    K(
+        "model_repo",
+        c.optional(c.REPO_ID),
+        (BF16, Q4, MODEL),
+        serving=True,
+        required_by=(BF16, Q4, MODEL),
+    ),
     K("model_revision", c.REVISION, (BF16, Q4, MODEL), serving=True),
     K("model_include", _MODEL_INCLUDE, (BF16, MODEL), serving=True),
     K("model_file", c.optional(_GGUF_FILE), (Q4,), serving=True, required_by=(Q4,)),
@@ -181,8 +216,17 @@ BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
 assert len(BY_NAME) == len(KNOBS), "a knob is declared twice"
 
 # pyinfra's own data keys (connectors, global-argument defaults) are not servefleet knobs.
-PYINFRA_PREFIXES = ("_", "ssh_", "local_", "docker_", "winrm_", "vagrant_", "terraform_",
-                    "chroot_", "podman_")
+PYINFRA_PREFIXES = (
+    "_",
+    "ssh_",
+    "local_",
+    "docker_",
+    "winrm_",
+    "vagrant_",
+    "terraform_",
+    "chroot_",
+    "podman_",
+)
 
 
 def is_pyinfra_key(key: str) -> bool:

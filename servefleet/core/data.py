@@ -58,15 +58,19 @@ def suggestion(key: str) -> str:
 
 
 def unknown_key_problems(layer: Layer) -> list[str]:
-    return [f"unknown key {key!r} in {layer.source}{suggestion(key)}"
-            for key in layer.values
-            if key not in contract.BY_NAME and not contract.is_pyinfra_key(key)]
+    return [
+        f"unknown key {key!r} in {layer.source}{suggestion(key)}"
+        for key in layer.values
+        if key not in contract.BY_NAME and not contract.is_pyinfra_key(key)
+    ]
 
 
 def _value_problem(key: str, value, source: str) -> str:
     check = contract.BY_NAME[key].check
-    return (f"key {key!r} = {c.show(value)} ({type(value).__name__}) from {source}; "
-            f"expected {check.expected}")
+    return (
+        f"key {key!r} = {c.show(value)} ({type(value).__name__}) from {source}; "
+        f"expected {check.expected}"
+    )
 
 
 def recipe_applies(recipe: str | None, groups: Sequence[str]) -> bool:
@@ -84,8 +88,10 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
         if knob is None:
             continue
         if knob.scope == contract.TESTBED and value is not None and not testbed:
-            problems.append(f"key {key!r} is testbed-only (set in {host.source_of(key)}), and "
-                            f"{host.name} is not a testbed host")
+            problems.append(
+                f"key {key!r} is testbed-only (set in {host.source_of(key)}), and "
+                f"{host.name} is not a testbed host"
+            )
         elif not knob.check.ok(value):
             problems.append(_value_problem(key, value, host.source_of(key)))
     if problems:
@@ -95,18 +101,27 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
     if recipe and applies:
         for knob in contract.KNOBS:
             if recipe in knob.required_by and data.get(knob.name) is None:
-                problems.append(f"key {knob.name!r} is missing; deploys/{recipe}.py needs "
-                                f"{knob.check.expected}")
+                problems.append(
+                    f"key {knob.name!r} is missing; deploys/{recipe}.py needs {knob.check.expected}"
+                )
     serving = recipe in contract.SERVING and applies
-    if data.get("model_source") == "depot" and not data.get("depot_host") \
-            and recipe in (contract.BF16, contract.Q4, contract.MODEL) and applies:
-        problems.append("key 'depot_host' is missing; expected the depot's inventory name when "
-                        "model_source = 'depot'")
+    if (
+        data.get("model_source") == "depot"
+        and not data.get("depot_host")
+        and recipe in (contract.BF16, contract.Q4, contract.MODEL)
+        and applies
+    ):
+        problems.append(
+            "key 'depot_host' is missing; expected the depot's inventory name when "
+            "model_source = 'depot'"
+        )
     host_addr = data.get("service_host")
     if serving and host_addr and not c.is_loopback(host_addr) and not data.get("api_key_file"):
-        problems.append(f"key 'api_key_file' is missing: the API binds {host_addr}, reachable "
-                        f"from other machines, and must require a key (set api_key_file, or "
-                        f"service_host = 127.0.0.1)")
+        problems.append(
+            f"key 'api_key_file' is missing: the API binds {host_addr}, reachable "
+            f"from other machines, and must require a key (set api_key_file, or "
+            f"service_host = 127.0.0.1)"
+        )
     for key in ("api_key_file", "hf_token_file"):
         if data.get(key) and (serving or key == "hf_token_file"):
             try:
@@ -115,13 +130,19 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
                 problems.append(f"key {key!r} from {host.source_of(key)}: {exc}")
     key_problem = depot_key_problem(data)  # here, not when the depot or a copy first needs it
     if key_problem:
-        problems.append(f"key 'depot_ssh_key' from {host.source_of('depot_ssh_key')}: "
-                        f"{key_problem}")
-    if data.get("perf_gate", True) and data.get("perf_gate_decode_drop_pct") is None \
-            and data.get("perf_gate_ttft_rise_pct") is None:
-        problems.append("keys 'perf_gate_decode_drop_pct' and 'perf_gate_ttft_rise_pct' are both "
-                        "None: a gate that checks nothing would pass any release (set one, or "
-                        "perf_gate = False to switch the gate off)")
+        problems.append(
+            f"key 'depot_ssh_key' from {host.source_of('depot_ssh_key')}: {key_problem}"
+        )
+    if (
+        data.get("perf_gate", True)
+        and data.get("perf_gate_decode_drop_pct") is None
+        and data.get("perf_gate_ttft_rise_pct") is None
+    ):
+        problems.append(
+            "keys 'perf_gate_decode_drop_pct' and 'perf_gate_ttft_rise_pct' are both "
+            "None: a gate that checks nothing would pass any release (set one, or "
+            "perf_gate = False to switch the gate off)"
+        )
     problems += account_problems(host, data)
     for key in OWNED:
         if serving:
@@ -141,12 +162,16 @@ def account_problems(host: HostData, data: Mapping) -> list[str]:
     problems = []
     for key, account in managed.items():
         if account and account == login:
-            problems.append(f"key {key!r} = {account!r} from {host.source_of(key)} is the SSH "
-                            f"login user (ssh_user) of {host.name}: servefleet would take that "
-                            f"account over and lock you out; expected an account of its own")
+            problems.append(
+                f"key {key!r} = {account!r} from {host.source_of(key)} is the SSH "
+                f"login user (ssh_user) of {host.name}: servefleet would take that "
+                f"account over and lock you out; expected an account of its own"
+            )
     if len(managed) == 2 and managed["servefleet_user"] == managed["depot_user"]:
-        problems.append(f"keys 'servefleet_user' and 'depot_user' are both "
-                        f"{managed['depot_user']!r}: expected two separate accounts")
+        problems.append(
+            f"keys 'servefleet_user' and 'depot_user' are both "
+            f"{managed['depot_user']!r}: expected two separate accounts"
+        )
     return problems
 
 
@@ -163,39 +188,59 @@ def layout_problems(data: Mapping) -> list[str]:
         if not (root and other):
             continue
         if other == root or c.inside(root, other):
-            problems.append(f"key {key!r} = {other!r} holds servefleet_root {root!r}; expected a "
-                            f"directory of its own")
+            problems.append(
+                f"key {key!r} = {other!r} holds servefleet_root {root!r}; expected a "
+                f"directory of its own"
+            )
         elif c.inside(other, root) and posixpath.normpath(other) != f"{root}/{default}":
-            problems.append(f"key {key!r} = {other!r} is inside servefleet_root {root!r}, whose "
-                            f"tree is root's; expected {root}/{default} or a directory outside it")
+            problems.append(
+                f"key {key!r} = {other!r} is inside servefleet_root {root!r}, whose "
+                f"tree is root's; expected {root}/{default} or a directory outside it"
+            )
         placed[key] = other
     if len(placed) == 2:
         a, b = placed["models_root"], placed["depot_store"]
         if a == b or c.inside(a, b) or c.inside(b, a):
-            problems.append(f"keys 'models_root' = {a!r} and 'depot_store' = {b!r} overlap; "
-                            f"expected two separate directories")
+            problems.append(
+                f"keys 'models_root' = {a!r} and 'depot_store' = {b!r} overlap; "
+                f"expected two separate directories"
+            )
     return problems
 
 
 # Where root may take what it installs from, runs or compiles with (uv's and ccache's caches,
 # local wheel directories, the interpreter the venvs are made from): places only root writes on
 # a node. An allow list of parents, then never the service user's own directories.
-ROOT_READ_PARENTS = ("/usr", "/opt", "/srv", "/var/cache", "/var/lib", "/var/opt", "/root",
-                     "/mnt", "/data", "/scratch")
+ROOT_READ_PARENTS = (
+    "/usr",
+    "/opt",
+    "/srv",
+    "/var/cache",
+    "/var/lib",
+    "/var/opt",
+    "/root",
+    "/mnt",
+    "/data",
+    "/scratch",
+)
 
 
 def root_reads(data: Mapping) -> list[tuple[str, str]]:
     """(key, path) of every path knob whose files root consumes."""
     places = [(k, data[k]) for k in ("uv_cache_dir", "llamacpp_ccache_dir") if data.get(k)]
-    places += [(f"pip_find_links[{i}]", v.removeprefix("file://"))
-               for i, v in enumerate(data.get("pip_find_links") or [])
-               if isinstance(v, str) and (v.startswith("/") or v.startswith("file://"))]
+    places += [
+        (f"pip_find_links[{i}]", v.removeprefix("file://"))
+        for i, v in enumerate(data.get("pip_find_links") or [])
+        if isinstance(v, str) and (v.startswith("/") or v.startswith("file://"))
+    ]
     url = data.get("llamacpp_git_url")  # a local repository: root clones and builds from it
     if isinstance(url, str) and (url.startswith("/") or url.startswith("file://")):
         places.append(("llamacpp_git_url", url.removeprefix("file://")))
-    places += [(f"python_interpreter[{family!r}]", v)
-               for family, v in (data.get("python_interpreter") or {}).items()
-               if isinstance(v, str) and "/" in v]
+    places += [
+        (f"python_interpreter[{family!r}]", v)
+        for family, v in (data.get("python_interpreter") or {}).items()
+        if isinstance(v, str) and "/" in v
+    ]
     return places
 
 
@@ -204,21 +249,31 @@ def root_reads_problems(data: Mapping) -> list[str]:
     root-consumed path lies inside an allow-listed parent and outside the service user's
     directories (its cache, the models root, the depot's store)."""
     root = data.get("servefleet_root") or ""
-    theirs = [d for d in (f"{root}/cache" if root else None,
-                          data.get("models_root") or (f"{root}/models" if root else None),
-                          data.get("depot_store") or (f"{root}/depot" if root else None)) if d]
+    theirs = [
+        d
+        for d in (
+            f"{root}/cache" if root else None,
+            data.get("models_root") or (f"{root}/models" if root else None),
+            data.get("depot_store") or (f"{root}/depot" if root else None),
+        )
+        if d
+    ]
     problems = []
     for key, path in root_reads(data):
         norm = posixpath.normpath(path)
         if not path.startswith("/") or not any(c.inside(norm, p) for p in ROOT_READ_PARENTS):
-            problems.append(f"key {key} = {path!r}: root installs from or runs what is there; "
-                            f"expected a path inside {', '.join(ROOT_READ_PARENTS)}, which only "
-                            f"root writes")
+            problems.append(
+                f"key {key} = {path!r}: root installs from or runs what is there; "
+                f"expected a path inside {', '.join(ROOT_READ_PARENTS)}, which only "
+                f"root writes"
+            )
         elif any(norm == d or c.inside(norm, d) for d in theirs):
             owner = next(d for d in theirs if norm == d or c.inside(norm, d))
-            problems.append(f"key {key} = {path!r} is inside {owner}, which the service user "
-                            f"writes, and root installs from or runs what is there; expected a "
-                            f"directory only root writes")
+            problems.append(
+                f"key {key} = {path!r} is inside {owner}, which the service user "
+                f"writes, and root installs from or runs what is there; expected a "
+                f"directory only root writes"
+            )
     return problems
 
 
@@ -229,8 +284,9 @@ def validate(host: HostData, recipe: str | None = None) -> dict:
     if not problems:
         problems = value_problems(host, data, recipe)
     if problems:
-        raise DataError(f"invalid data for host {host.name}: " + "; ".join(problems)
-                        + "; nothing was changed")
+        raise DataError(
+            f"invalid data for host {host.name}: " + "; ".join(problems) + "; nothing was changed"
+        )
     return data
 
 

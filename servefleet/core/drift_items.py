@@ -33,13 +33,22 @@ def item(name: str, ok: bool, expected, found) -> Item:
     return Item("deep", name, IN_SYNC if ok else DRIFTED, str(expected), str(found))
 
 
-def unit_diff(expected: str, found_lines: list[str] | None, path: str,
-              max_lines: int = DIFF_MAX_LINES) -> str:
+def unit_diff(
+    expected: str, found_lines: list[str] | None, path: str, max_lines: int = DIFF_MAX_LINES
+) -> str:
     """A short unified diff from the rendered unit (-) to the node's file (+), 1 line of context."""
     if found_lines is None:
         return f"{path} is missing"
-    lines = list(difflib.unified_diff(expected.splitlines(), list(found_lines),
-                                      fromfile="rendered", tofile=path, lineterm="", n=1))
+    lines = list(
+        difflib.unified_diff(
+            expected.splitlines(),
+            list(found_lines),
+            fromfile="rendered",
+            tofile=path,
+            lineterm="",
+            n=1,
+        )
+    )
     body = lines[2:]  # without the ---/+++ header
     if not body:
         return f"{path} differs only in whitespace at the end of the file"
@@ -58,21 +67,37 @@ def describe_sha(sha: str | None, known: dict[str, str], missing: str = "absent"
     return f"{sha} ({known.get(sha, 'unknown content')})"
 
 
-def version_items(venv: str, found: dict[str, str], pins: dict[str, str],
-                  cuda: str | None, wanted_cuda: str) -> list[Item]:
+def version_items(
+    venv: str, found: dict[str, str], pins: dict[str, str], cuda: str | None, wanted_cuda: str
+) -> list[Item]:
     """Installed versions vs pins (a pin without a local label matches any: 2.11.0+cu130)."""
-    items = [item(f"{name} version in {venv}",
-                  name in found and public_version(found[name]) == pin,
-                  pin, found.get(name, "not installed"))
-             for name, pin in pins.items()]
+    items = [
+        item(
+            f"{name} version in {venv}",
+            name in found and public_version(found[name]) == pin,
+            pin,
+            found.get(name, "not installed"),
+        )
+        for name, pin in pins.items()
+    ]
     if "torch" in found:
-        items.append(item("torch.version.cuda", cuda == wanted_cuda, wanted_cuda,
-                          cuda or "None (a CPU build)"))
+        items.append(
+            item(
+                "torch.version.cuda", cuda == wanted_cuda, wanted_cuda, cuda or "None (a CPU build)"
+            )
+        )
     return items
 
 
-def model_item(repo: str, revision: str, include: list[str], dest: str, record: dict | None,
-               resolved: str | None = None, why_invalid: str = "") -> Item:
+def model_item(
+    repo: str,
+    revision: str,
+    include: list[str],
+    dest: str,
+    record: dict | None,
+    resolved: str | None = None,
+    why_invalid: str = "",
+) -> Item:
     """The model in dest verified at the pinned revision.
 
     A 40-hex revision must be the recorded sha. A branch or tag is shown as the expected label
@@ -84,10 +109,16 @@ def model_item(repo: str, revision: str, include: list[str], dest: str, record: 
     if not record:
         return item(name, False, expected, f"no verified copy ({why_invalid or 'no record'})")
     found = f"{record.get('repo_id')}@{record.get('revision')} = {record.get('sha')}"
-    ok = record.get("repo_id") == repo \
-        and sorted(record.get("include") or []) == sorted(include) \
-        and (record.get("sha") == revision if pinned else
-             record.get("revision") == revision and (resolved is None or record.get("sha") == resolved))
+    ok = (
+        record.get("repo_id") == repo
+        and sorted(record.get("include") or []) == sorted(include)
+        and (
+            record.get("sha") == revision
+            if pinned
+            else record.get("revision") == revision
+            and (resolved is None or record.get("sha") == resolved)
+        )
+    )
     if sorted(record.get("include") or []) != sorted(include):
         found += f" (include {record.get('include')}, data says {list(include)})"
     return item(name, ok, expected, found)
@@ -112,29 +143,52 @@ def build_items(data, builds: llama.Builds) -> list[Item]:
     flags = dict(data["llamacpp_cmake_flags"])
     current = builds.current_name
     rec = builds.records.get(current) if current else None
-    items = [item("llama.cpp current build", current == want_name, want_name,
-                  current or "no `current` link")]
+    items = [
+        item(
+            "llama.cpp current build",
+            current == want_name,
+            want_name,
+            current or "no `current` link",
+        )
+    ]
     if rec is None:
         why = "no build.json for current" if current else "no build"
-        items += [item("llama.cpp commit", False, commit, why),
-                  item("llama.cpp CMake flags", False, flags_text(flags), why)]
+        items += [
+            item("llama.cpp commit", False, commit, why),
+            item("llama.cpp CMake flags", False, flags_text(flags), why),
+        ]
         return items
-    items.append(item("llama.cpp commit", rec.get("commit") == commit, commit,
-                      rec.get("commit") or "(not recorded)"))
+    items.append(
+        item(
+            "llama.cpp commit",
+            rec.get("commit") == commit,
+            commit,
+            rec.get("commit") or "(not recorded)",
+        )
+    )
     found_flags = rec.get("cmake_flags") or {}
     exp, got = flags_delta(flags, found_flags)
     items.append(item("llama.cpp CMake flags", found_flags == flags, exp, got))
     return items
 
 
-def service_items(unit: str, state: str, enabled: bool, active: bool | None,
-                  is_enabled: bool | None) -> list[Item]:
+def service_items(
+    unit: str, state: str, enabled: bool, active: bool | None, is_enabled: bool | None
+) -> list[Item]:
     """service_state / service_enabled of data vs systemd."""
     return [
-        item(f"{unit} active", (state == "running") == bool(active), state,
-             "running" if active else "stopped"),
-        item(f"{unit} enabled", enabled == bool(is_enabled),
-             "enabled" if enabled else "disabled", "enabled" if is_enabled else "disabled"),
+        item(
+            f"{unit} active",
+            (state == "running") == bool(active),
+            state,
+            "running" if active else "stopped",
+        ),
+        item(
+            f"{unit} enabled",
+            enabled == bool(is_enabled),
+            "enabled" if enabled else "disabled",
+            "enabled" if is_enabled else "disabled",
+        ),
     ]
 
 
@@ -144,17 +198,28 @@ def release_items(records: Releases, running: str | None, should_run: bool) -> l
     (a failed start, a converge interrupted before its restart) is drift too."""
     items = []
     if records.unreadable:
-        return [item("release", False, "release records as servefleet writes them",
-                     records.unreadable)]
+        return [
+            item("release", False, "release records as servefleet writes them", records.unreadable)
+        ]
     if records.rolled_back_from:
         current = records.current.describe if records.current else "no release"
-        items.append(item("release", False,
-                          f"the data's release ({records.rolled_back_from.short})",
-                          f"{current}: rolled back from {records.rolled_back_from.describe}"))
+        items.append(
+            item(
+                "release",
+                False,
+                f"the data's release ({records.rolled_back_from.short})",
+                f"{current}: rolled back from {records.rolled_back_from.describe}",
+            )
+        )
     elif records.current:
         items.append(item("release", True, "recorded", records.current.describe))
     if records.current and should_run:
-        items.append(item("running release", running == records.current.id,
-                          f"{records.current.id} (the recorded release, started and healthy)",
-                          running or "none found healthy since it was installed"))
+        items.append(
+            item(
+                "running release",
+                running == records.current.id,
+                f"{records.current.id} (the recorded release, started and healthy)",
+                running or "none found healthy since it was installed",
+            )
+        )
     return items

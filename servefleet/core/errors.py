@@ -20,16 +20,16 @@ class Exit(IntEnum):
 EXIT_DOCS = {
     Exit.OK: "done; every host is as the data says (in sync, healthy, upgraded)",
     Exit.DIFFERS: "done, but a host differs or failed: drift found, a converge or health check "
-                  "failed, a rollout rolled a host back or left hosts untouched, bench failed",
+    "failed, a rollout rolled a host back or left hosts untouched, bench failed",
     Exit.BAD_INPUT: "refused before any host was touched: invalid data, fleet.yml, key file, "
-                    "model file, arguments, or an unsafe request (e.g. rebuild of too many hosts)",
+    "model file, arguments, or an unsafe request (e.g. rebuild of too many hosts)",
     Exit.UNREACHABLE: "a host could not be reached or its facts read; it was not changed "
-                      "(wins over 1)",
+    "(wins over 1)",
     Exit.NEEDS_ATTENTION: "rollout/rollback: a host is not serving a healthy release and could "
-                          "not be brought back (no previous release, or the rollback failed); "
-                          "wins over 1 and 3",
+    "not be brought back (no previous release, or the rollback failed); "
+    "wins over 1 and 3",
     Exit.INTERRUPTED: "interrupted (Ctrl-C, SIGTERM); nodes keep serving what they ran; rerun "
-                      "the same command",
+    "the same command",
 }
 
 

@@ -45,22 +45,34 @@ def load_key(path: Path) -> tuple[str, str]:
     except UnicodeDecodeError:
         raise FleetKeyError(f"{path} holds non-ASCII bytes: not an OpenSSH private key") from None
     except TypeError:  # cryptography: "Password was not given but private key is encrypted"
-        raise FleetKeyError(f"{path} is protected by a passphrase: nodes use it unattended; "
-                            f"expected a key without one") from None
+        raise FleetKeyError(
+            f"{path} is protected by a passphrase: nodes use it unattended; "
+            f"expected a key without one"
+        ) from None
     except (ValueError, UnsupportedAlgorithm):
-        raise FleetKeyError(f"{path} is not an OpenSSH private key (expected a key file as "
-                            f"ssh-keygen -t ed25519 writes it)") from None
+        raise FleetKeyError(
+            f"{path} is not an OpenSSH private key (expected a key file as "
+            f"ssh-keygen -t ed25519 writes it)"
+        ) from None
     if isinstance(key, rsa.RSAPrivateKey) and key.key_size < 2048:
-        raise FleetKeyError(f"{path} is an RSA key of {key.key_size} bits: expected ed25519, "
-                            f"ECDSA or RSA of at least 2048 bits")
-    if not isinstance(key, (ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey,
-                            rsa.RSAPrivateKey)):
-        raise FleetKeyError(f"{path} is a {type(key).__name__} key: expected ed25519, ECDSA "
-                            f"or RSA of at least 2048 bits")
+        raise FleetKeyError(
+            f"{path} is an RSA key of {key.key_size} bits: expected ed25519, "
+            f"ECDSA or RSA of at least 2048 bits"
+        )
+    if not isinstance(
+        key, (ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey)
+    ):
+        raise FleetKeyError(
+            f"{path} is a {type(key).__name__} key: expected ed25519, ECDSA "
+            f"or RSA of at least 2048 bits"
+        )
     if any(ch != "\n" and not " " <= ch <= "~" for ch in private):
         raise FleetKeyError(f"{path} holds control characters besides its line ends (CRLF?)")
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                           serialization.PublicFormat.OpenSSH).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
     return private, f"{public} servefleet-fleet"
 
 
@@ -87,8 +99,11 @@ def fleet_key_path(data, host_name: str) -> Path:
 
 def _generate(path: Path) -> None:
     key = ed25519.Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                            serialization.NoEncryption())
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
@@ -106,11 +121,18 @@ def fleet_key(data, host_name: str) -> tuple[str, str]:
     try:
         return load_key(fleet_key_path(data, host_name))
     except FleetKeyError as exc:
-        raise DataError(f"invalid data for host {host_name}: key 'depot_ssh_key': {exc}; nothing "
-                        f"was changed") from None
+        raise DataError(
+            f"invalid data for host {host_name}: key 'depot_ssh_key': {exc}; nothing was changed"
+        ) from None
 
 
 def depot_models(data) -> list[dict]:
     """depot_models with the defaults filled in (revision main, include everything)."""
-    return [{"repo_id": m["repo_id"], "revision": m.get("revision") or "main",
-             "include": list(m.get("include") or ["*"])} for m in data.get("depot_models") or []]
+    return [
+        {
+            "repo_id": m["repo_id"],
+            "revision": m.get("revision") or "main",
+            "include": list(m.get("include") or ["*"]),
+        }
+        for m in data.get("depot_models") or []
+    ]

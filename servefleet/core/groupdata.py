@@ -60,11 +60,21 @@ def assignments(name: str, cwd: str | Path = ".") -> list[Assignment]:
             comments[tok.start[0]] = tok.string.lstrip("#").strip()
     out = []
     for node in ast.parse(text).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             source = ast.get_source_segment(text, node.value) or ""
-            out.append(Assignment(node.targets[0].id, name, " ".join(source.split()),
-                                  comments.get(node.lineno, ""), _shown(node.value, source)))
+            out.append(
+                Assignment(
+                    node.targets[0].id,
+                    name,
+                    " ".join(source.split()),
+                    comments.get(node.lineno, ""),
+                    _shown(node.value, source),
+                )
+            )
     return out
 
 

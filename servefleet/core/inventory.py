@@ -29,9 +29,16 @@ from servefleet.core.operator_files import FileRefused, read_regular
 
 ROLES = ("spark", "rtx4090", "depot")
 # pyinfra's own SSH connector keys, as the operator writes them in fleet.yml.
-SSH_KEYS = {"ssh_hostname": str, "ssh_user": str, "ssh_port": int, "ssh_key": str,
-            "ssh_key_password": str, "ssh_known_hosts_file": str,
-            "ssh_strict_host_key_checking": str, "ssh_paramiko_connect_kwargs": dict}
+SSH_KEYS = {
+    "ssh_hostname": str,
+    "ssh_user": str,
+    "ssh_port": int,
+    "ssh_key": str,
+    "ssh_key_password": str,
+    "ssh_known_hosts_file": str,
+    "ssh_strict_host_key_checking": str,
+    "ssh_paramiko_connect_kwargs": dict,
+}
 ENTRY_KEYS = {"name", "role", "sudo", "data", *SSH_KEYS}
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # A fleet file is one short entry per node: 1 MiB is thousands of nodes. Bigger is refused before
@@ -59,14 +66,16 @@ class FleetError(DataError):
 
 # --- the run this inventory is loaded for: --data and the deploy --------------------------------
 
+
 @dataclass
 class RunContext:
     override_data: dict = field(default_factory=dict)
     deploy: str | None = None
 
 
-_RUN: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("servefleet_run",
-                                                                         default=None)
+_RUN: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
+    "servefleet_run", default=None
+)
 
 
 def set_run_context(override_data: dict | None, deploy: str | None):
@@ -96,6 +105,7 @@ def run_context() -> RunContext:
 
 # --- fleet.yml ----------------------------------------------------------------------------------
 
+
 class _Refused(yaml.MarkedYAMLError):
     """Valid YAML that no fleet file is (a key that is no string, nesting too deep)."""
 
@@ -111,8 +121,11 @@ class _StrictLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_FLEET_DEPTH:
                 raise _Refused(
-                    None, None, f"nested more than {MAX_FLEET_DEPTH} levels deep",
-                    self.peek_event().start_mark)
+                    None,
+                    None,
+                    f"nested more than {MAX_FLEET_DEPTH} levels deep",
+                    self.peek_event().start_mark,
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -127,12 +140,16 @@ def _no_duplicates(loader, node, deep=False):
             continue
         if key_node.tag != "tag:yaml.org,2002:str":  # every key servefleet reads is a string
             raise _Refused(
-                None, None, f"a key of type {key_node.tag.rsplit(':', 1)[-1]}: expected a "
-                f"string key", key_node.start_mark)
+                None,
+                None,
+                f"a key of type {key_node.tag.rsplit(':', 1)[-1]}: expected a string key",
+                key_node.start_mark,
+            )
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {_show(key)}", key_node.start_mark)
+                None, None, f"duplicate key {_show(key)}", key_node.start_mark
+            )
         seen.add(key)
     loader.flatten_mapping(node)
     return yaml.SafeLoader.construct_mapping(loader, node, deep)
@@ -161,8 +178,10 @@ def _bounded(path: Path, node) -> None:
         n = stack.pop()
         count += 1
         if count > MAX_FLEET_NODES:
-            raise FleetError(f"{path}: more than {MAX_FLEET_NODES} YAML nodes once aliases (*name) "
-                             f"are expanded (an alias bomb?)")
+            raise FleetError(
+                f"{path}: more than {MAX_FLEET_NODES} YAML nodes once aliases (*name) "
+                f"are expanded (an alias bomb?)"
+            )
         if isinstance(n, yaml.SequenceNode):
             stack.extend(n.value)
         elif isinstance(n, yaml.MappingNode):
@@ -174,8 +193,9 @@ def _read_yaml(path: Path):
     try:
         raw = read_regular(path, MAX_FLEET_BYTES)  # never a FIFO (hangs) or a device
     except FileNotFoundError:
-        raise FleetError(f"{path}: not found (write one entry per node; see docs/nodes.md)") \
-            from None
+        raise FleetError(
+            f"{path}: not found (write one entry per node; see docs/nodes.md)"
+        ) from None
     except OSError as exc:
         raise FleetError(f"{path}: cannot be read ({exc.strerror})") from None
     except FileRefused as exc:
@@ -200,19 +220,28 @@ def _read_yaml(path: Path):
         what = "refused" if isinstance(exc, _Refused) else "not valid YAML"
         raise FleetError(f"{path}: {what}{where}: {problem}") from None
     if doc is None:
-        raise FleetError(f"{path}: empty; expected a mapping with a 'hosts' list (an empty fleet "
-                         f"is written hosts: [])")
+        raise FleetError(
+            f"{path}: empty; expected a mapping with a 'hosts' list (an empty fleet "
+            f"is written hosts: [])"
+        )
     return doc
 
 
 def load_fleet(path: str | Path) -> list[FleetHost]:
     path = Path(path)
     raw = _read_yaml(path)
-    extra = [k for k in raw if k != "hosts" and not (isinstance(k, str) and k.startswith("x-"))] \
-        if isinstance(raw, dict) else []
+    extra = (
+        [k for k in raw if k != "hosts" and not (isinstance(k, str) and k.startswith("x-"))]
+        if isinstance(raw, dict)
+        else []
+    )
     if not isinstance(raw, dict) or extra or not isinstance(raw.get("hosts"), list):
-        _fail(path, "top level", "expected a mapping with a 'hosts' list (and x-* keys for "
-                                 "anchors to merge, e.g. x-defaults: &d {ssh_user: ubuntu})")
+        _fail(
+            path,
+            "top level",
+            "expected a mapping with a 'hosts' list (and x-* keys for "
+            "anchors to merge, e.g. x-defaults: &d {ssh_user: ubuntu})",
+        )
     hosts, seen = [], set()
     for i, entry in enumerate(raw["hosts"]):
         where = f"hosts[{i}]"
@@ -220,7 +249,11 @@ def load_fleet(path: str | Path) -> list[FleetHost]:
             _fail(path, where, f"expected a mapping, got {type(entry).__name__}")
         name = entry.get("name")
         if not isinstance(name, str) or not HOST_NAME.fullmatch(name) or len(name) > 63:
-            _fail(path, where, f"'name' = {_show(name)}: expected a host name (letters, digits, . _ -)")
+            _fail(
+                path,
+                where,
+                f"'name' = {_show(name)}: expected a host name (letters, digits, . _ -)",
+            )
         where = f"hosts[{i}] ({name})"
         if name in seen:
             _fail(path, where, "duplicate name")
@@ -253,8 +286,11 @@ def load_fleet(path: str | Path) -> list[FleetHost]:
             _fail(path, where, f"'data' is {type(overrides).__name__}: expected a mapping")
         for key in overrides:
             if not isinstance(key, str):
-                _fail(path, where, f"'data' key {_show(key)} is {type(key).__name__}: expected a "
-                                   f"string")
+                _fail(
+                    path,
+                    where,
+                    f"'data' key {_show(key)} is {type(key).__name__}: expected a string",
+                )
         clash = sorted(k for k in overrides if k in SSH_KEYS or k.startswith("_"))
         if clash:
             _fail(path, where, f"'data' sets {clash}: put connection keys at the entry's top level")
@@ -268,6 +304,7 @@ def fleet_path() -> Path:
 
 
 # --- groups and validation ----------------------------------------------------------------------
+
 
 @dataclass
 class InventoryHost:
@@ -291,8 +328,11 @@ def host_key_checking_off(data: dict) -> str | None:
     known = data.get("ssh_known_hosts_file")
     if known is not None:
         path = Path(str(known)).expanduser()
-        if str(known).strip() == "" or str(path).startswith(("/dev/", "/proc/")) or \
-                (path.exists() and not path.is_file()):
+        if (
+            str(known).strip() == ""
+            or str(path).startswith(("/dev/", "/proc/"))
+            or (path.exists() and not path.is_file())
+        ):
             return f"ssh_known_hosts_file: {known} (keeps no key)"
     return None
 
@@ -302,9 +342,12 @@ def _warn_host_keys(hosts: Sequence[InventoryHost]) -> None:
         how = host_key_checking_off(h.data)
         if how and h.name not in _warned:
             _warned.add(h.name)
-            print(f"servefleet: WARNING: SSH host-key checking is OFF for {h.name} "
-                  f"({how}, {h.data_source}): anyone between you and it can impersonate the "
-                  f"node. Pin its key in ssh_known_hosts_file.", file=sys.stderr)
+            print(
+                f"servefleet: WARNING: SSH host-key checking is OFF for {h.name} "
+                f"({how}, {h.data_source}): anyone between you and it can impersonate the "
+                f"node. Pin its key in ssh_known_hosts_file.",
+                file=sys.stderr,
+            )
 
 
 def validate_hosts(hosts: Sequence[InventoryHost], cwd: str | Path = ".") -> None:
@@ -344,15 +387,23 @@ def stop_on_bad_input(func):
 def fleet_groups(inventory_file: str, roles: Sequence[str] = ROLES) -> list[list]:
     """The (name, data) lists of `roles` from fleet.yml, validated; one list per role.
 
-        spark, = fleet_groups(__file__, ["spark"])          # inventory/spark.py
+    spark, = fleet_groups(__file__, ["spark"])          # inventory/spark.py
     """
+
     def build():
         file_group = Path(inventory_file).stem
         hosts = [h for h in load_fleet(fleet_path()) if h.role in roles]
-        validate_hosts([InventoryHost(h.name, [h.role] + ([file_group] if file_group != h.role
-                                                           else []),
-                                      {**h.connection, **h.data}, h.where) for h in hosts])
-        return [[(h.name, {**h.connection, **h.data}) for h in hosts if h.role == r]
-                for r in roles]
+        validate_hosts(
+            [
+                InventoryHost(
+                    h.name,
+                    [h.role] + ([file_group] if file_group != h.role else []),
+                    {**h.connection, **h.data},
+                    h.where,
+                )
+                for h in hosts
+            ]
+        )
+        return [[(h.name, {**h.connection, **h.data}) for h in hosts if h.role == r] for r in roles]
 
     return stop_on_bad_input(build)

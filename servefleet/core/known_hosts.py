@@ -26,10 +26,17 @@ from typing import Sequence
 # A known_hosts file of thousands of hosts is a few MiB; a bigger one is not a known_hosts file.
 MAX_BYTES = 16 << 20
 # Host key types a node's OpenSSH accepts as a plain known_hosts key (not ssh-dss: removed).
-KEY_TYPES = frozenset({
-    "ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
-    "ecdsa-sha2-nistp521", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com",
-})
+KEY_TYPES = frozenset(
+    {
+        "ssh-ed25519",
+        "ssh-rsa",
+        "ecdsa-sha2-nistp256",
+        "ecdsa-sha2-nistp384",
+        "ecdsa-sha2-nistp521",
+        "sk-ssh-ed25519@openssh.com",
+        "sk-ecdsa-sha2-nistp256@openssh.com",
+    }
+)
 
 
 class PinError(ValueError):
@@ -50,8 +57,7 @@ def _glob(pattern: str, name: str) -> bool:
 def _hashed(field: str, name: str) -> bool:
     """`|1|base64(salt)|base64(HMAC-SHA1(salt, name))` (ssh-keygen -H) names `name`."""
     try:
-        salt, digest = (base64.b64decode(part, validate=True)
-                        for part in field[3:].split("|"))
+        salt, digest = (base64.b64decode(part, validate=True) for part in field[3:].split("|"))
     except (ValueError, binascii.Error):
         return False
     mac = hmac.new(salt, name.encode(), hashlib.sha1).digest()
@@ -81,7 +87,7 @@ def valid_key(keytype: str, blob: str) -> bool:
     except (ValueError, binascii.Error):
         return False
     size = int.from_bytes(raw[:4], "big")
-    return len(raw) > 4 + size and raw[4:4 + size] == keytype.encode()
+    return len(raw) > 4 + size and raw[4 : 4 + size] == keytype.encode()
 
 
 def keys_for(text: str, names: Sequence[str]) -> list[str]:
@@ -99,8 +105,7 @@ def keys_for(text: str, names: Sequence[str]) -> list[str]:
         key = f"{fields[1]} {fields[2]}"
         if marker == "@revoked":
             revoked.add(key)
-        elif marker is None and key not in found and any(names_host(fields[0], n)
-                                                         for n in names):
+        elif marker is None and key not in found and any(names_host(fields[0], n) for n in names):
             found.append(key)
     return [key for key in found if key not in revoked]
 
@@ -118,8 +123,7 @@ def pinned_keys(path: str | None, names: Sequence[str]) -> tuple[str, ...]:
         # O_NONBLOCK: a FIFO named here must not hang the run waiting for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as exc:
-        raise PinError(f"its ssh_known_hosts_file {path} cannot be read ({exc.strerror})") \
-            from None
+        raise PinError(f"its ssh_known_hosts_file {path} cannot be read ({exc.strerror})") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -138,6 +142,7 @@ def pinned_keys(path: str | None, names: Sequence[str]) -> tuple[str, ...]:
         os.close(fd)
     keys = _cache[cache_key]
     if not keys:
-        raise PinError(f"its ssh_known_hosts_file {path} holds no key for "
-                       + " or ".join(dict.fromkeys(names)))
+        raise PinError(
+            f"its ssh_known_hosts_file {path} holds no key for " + " or ".join(dict.fromkeys(names))
+        )
     return keys

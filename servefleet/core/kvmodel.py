@@ -25,6 +25,7 @@ MAMBA_SSM_DTYPE_ARCHS = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCondit
 # full_attention_interval says (vllm/transformers_utils/configs/qwen3_next.py).
 FIXED_INTERVAL_MODEL_TYPES = {"qwen3_next"}
 
+
 @dataclass(frozen=True)
 class HybridModel:
     """The fields of hf_text_config that vLLM's KV-cache sizing reads."""
@@ -80,14 +81,17 @@ def read_model(config: dict, mamba_ssm_cache_dtype: str = "auto") -> HybridModel
     text = text or config  # ModelConfig.hf_text_config
     prefix = "text_config." if text is not config else ""
 
-    def positive(key: str, mapping: dict | None = None, pre: str | None = None,
-                 limit: int = MAX_CONFIG_INT) -> int:
+    def positive(
+        key: str, mapping: dict | None = None, pre: str | None = None, limit: int = MAX_CONFIG_INT
+    ) -> int:
         mapping = text if mapping is None else mapping
         pre = prefix if pre is None else pre
         value = mapping[key]
         if not isinstance(value, Integral) or isinstance(value, bool) or not 0 < value <= limit:
-            raise ValueError(f"{pre}{key} = {show_value(value)}: expected a positive integer"
-                             + ("" if limit == MAX_CONFIG_INT else f" of at most {limit}"))
+            raise ValueError(
+                f"{pre}{key} = {show_value(value)}: expected a positive integer"
+                + ("" if limit == MAX_CONFIG_INT else f" of at most {limit}")
+            )
         return int(value)
 
     def need(key: str, limit: int = MAX_CONFIG_INT) -> int:
@@ -100,13 +104,17 @@ def read_model(config: dict, mamba_ssm_cache_dtype: str = "auto") -> HybridModel
 
     def dtype_name(mapping: dict, key: str, pre: str) -> str | None:
         value = mapping.get(key)
-        if value is not None and not (isinstance(value, str)
-                                      and (value in DTYPE_BYTES or value == "auto")):
+        if value is not None and not (
+            isinstance(value, str) and (value in DTYPE_BYTES or value == "auto")
+        ):
             if isinstance(value, str) and len(value) <= 60:
-                raise ValueError(f"{pre}{key} = {value!r}: unsupported dtype (known: "
-                                 f"{', '.join(DTYPE_BYTES)})")
-            raise ValueError(f"{pre}{key} = {show_value(value)}: expected a dtype name (known: "
-                             f"{', '.join(DTYPE_BYTES)})")
+                raise ValueError(
+                    f"{pre}{key} = {value!r}: unsupported dtype (known: {', '.join(DTYPE_BYTES)})"
+                )
+            raise ValueError(
+                f"{pre}{key} = {show_value(value)}: expected a dtype name (known: "
+                f"{', '.join(DTYPE_BYTES)})"
+            )
         return value
 
     n_layers = need("num_hidden_layers", limit=MAX_LAYERS)
@@ -118,21 +126,28 @@ def read_model(config: dict, mamba_ssm_cache_dtype: str = "auto") -> HybridModel
         if isinstance(model_type, str) and model_type in FIXED_INTERVAL_MODEL_TYPES:
             interval = 4
         else:
-            interval = positive("full_attention_interval") if "full_attention_interval" in text else 4
+            interval = (
+                positive("full_attention_interval") if "full_attention_interval" in text else 4
+            )
         layer_types = [
             "linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)
         ]
     elif not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
-        raise ValueError(f"{prefix}layer_types = {show_value(layer_types)}: expected a list of layer "
-                         f"type names")
+        raise ValueError(
+            f"{prefix}layer_types = {show_value(layer_types)}: expected a list of layer type names"
+        )
     elif len(layer_types) < n_layers:
-        raise ValueError(f"{prefix}layer_types names {len(layer_types)} layers: fewer than "
-                         f"num_hidden_layers = {n_layers}")
+        raise ValueError(
+            f"{prefix}layer_types names {len(layer_types)} layers: fewer than "
+            f"num_hidden_layers = {n_layers}"
+        )
     layer_types = layer_types[:n_layers]
     unknown = set(layer_types) - {"full_attention", "linear_attention"}
     if unknown:
-        raise ValueError(f"{prefix}layer_types holds unsupported layer types: "
-                         f"{', '.join(show_value(t) for t in sorted(unknown)[:5])}")
+        raise ValueError(
+            f"{prefix}layer_types holds unsupported layer types: "
+            f"{', '.join(show_value(t) for t in sorted(unknown)[:5])}"
+        )
     n_full = layer_types.count("full_attention")
     n_linear = layer_types.count("linear_attention")
     if n_full == 0:
@@ -141,22 +156,28 @@ def read_model(config: dict, mamba_ssm_cache_dtype: str = "auto") -> HybridModel
     # ModelArchConfigConvertorBase.get_torch_dtype + _resolve_auto_dtype: root dtype first, then
     # text_config's; float32 (also the default when unset) is downcast to bfloat16 on CUDA.
     dtype = (
-        dtype_name(config, "dtype", "") or dtype_name(config, "torch_dtype", "")
-        or dtype_name(text, "dtype", prefix) or dtype_name(text, "torch_dtype", prefix) or "float32"
+        dtype_name(config, "dtype", "")
+        or dtype_name(config, "torch_dtype", "")
+        or dtype_name(text, "dtype", prefix)
+        or dtype_name(text, "torch_dtype", prefix)
+        or "float32"
     )
     model_dtype = "bfloat16" if dtype in ("float32", "float") else dtype
     dtype_bytes(model_dtype)
 
     ssm = mamba_ssm_cache_dtype
     archs = config.get("architectures")
-    if archs is not None and (not isinstance(archs, list)
-                              or not all(isinstance(a, str) for a in archs)):
+    if archs is not None and (
+        not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)
+    ):
         raise ValueError(f"architectures = {show_value(archs)}: expected a list of class names")
     archs = archs or []
     honours_field = not archs or bool(MAMBA_SSM_DTYPE_ARCHS & set(archs))
     if ssm == "auto" and honours_field and dtype_name(text, "mamba_ssm_dtype", prefix):
         ssm = text["mamba_ssm_dtype"]
-    ssm_dtype = model_dtype if ssm == "auto" else ssm  # MambaStateDtypeCalculator._mamba_state_dtype
+    ssm_dtype = (
+        model_dtype if ssm == "auto" else ssm
+    )  # MambaStateDtypeCalculator._mamba_state_dtype
     dtype_bytes(ssm_dtype)
 
     def linear(key: str) -> int:  # only a model with linear-attention layers needs these
@@ -175,8 +196,10 @@ def read_model(config: dict, mamba_ssm_cache_dtype: str = "auto") -> HybridModel
         hidden, heads = need("hidden_size"), need("num_attention_heads")
         head_dim = hidden // heads
         if head_dim < 1:
-            raise ValueError(f"{prefix}hidden_size = {hidden} // {prefix}num_attention_heads = "
-                             f"{heads} gives head_dim 0: expected a positive head size")
+            raise ValueError(
+                f"{prefix}hidden_size = {hidden} // {prefix}num_attention_heads = "
+                f"{heads} gives head_dim 0: expected a positive head size"
+            )
     num_kv_heads = positive("num_key_value_heads")
     return HybridModel(
         num_full_layers=n_full,

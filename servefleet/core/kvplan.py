@@ -80,7 +80,9 @@ def mamba_state_bytes(m: HybridModel) -> int:
     )
     conv = conv_dim * (m.conv_kernel - 1) * dtype_bytes(m.model_dtype)
     temporal = (
-        m.linear_num_value_heads * m.linear_value_head_dim * m.linear_key_head_dim
+        m.linear_num_value_heads
+        * m.linear_value_head_dim
+        * m.linear_key_head_dim
         * dtype_bytes(m.ssm_dtype)
     )
     return conv + temporal
@@ -125,15 +127,22 @@ class KVPlan:
         return self.kv_cache_memory_bytes > 0 and self.needed_bytes <= self.kv_cache_memory_bytes
 
     def as_dict(self) -> dict:
-        keys = ("block_size", "bytes_per_block", "num_blocks", "tokens", "max_concurrency",
-                "needed_bytes")
+        keys = (
+            "block_size",
+            "bytes_per_block",
+            "num_blocks",
+            "tokens",
+            "max_concurrency",
+            "needed_bytes",
+        )
         out = {k: getattr(self, k) for k in keys}
         out["fits"] = self.fits
         return out
 
 
-def _blocks_per_request(full_groups: int, mamba_groups: int, block_size: int,
-                        max_model_len: int, mamba_blocks: int) -> int:
+def _blocks_per_request(
+    full_groups: int, mamba_groups: int, block_size: int, max_model_len: int, mamba_blocks: int
+) -> int:
     # Per group: FullAttentionSpec.max_memory_usage_bytes = cdiv(len, block_size) pages;
     # MambaSpec.max_memory_usage_bytes = 1 page ("none") or 2 ("align"), whatever the length.
     return full_groups * cdiv(max_model_len, block_size) + mamba_groups * mamba_blocks
@@ -153,15 +162,23 @@ def plan_kv(
     is_prefix_caching_supported is False for them); "align" is what --enable-prefix-caching gives
     Qwen3.5, which keeps two state blocks per request per mamba group.
     """
-    for name, value, limit in (("max_model_len", max_model_len, MAX_MODEL_LEN),
-                               ("block_alignment", block_alignment, MAX_CONFIG_INT)):
+    for name, value, limit in (
+        ("max_model_len", max_model_len, MAX_MODEL_LEN),
+        ("block_alignment", block_alignment, MAX_CONFIG_INT),
+    ):
         if not isinstance(value, Integral) or isinstance(value, bool) or not 0 < value <= limit:
-            raise ValueError(f"{name} = {show_value(value)}: expected a positive integer of at most "
-                             f"{limit}")
-    if not isinstance(kv_cache_memory_bytes, Integral) or isinstance(kv_cache_memory_bytes, bool) \
-            or not 0 <= kv_cache_memory_bytes <= MAX_KV_CACHE_MEMORY_BYTES:
-        raise ValueError(f"kv_cache_memory_bytes = {show_value(kv_cache_memory_bytes)}: expected 0 to "
-                         f"{MAX_KV_CACHE_MEMORY_BYTES} bytes")
+            raise ValueError(
+                f"{name} = {show_value(value)}: expected a positive integer of at most {limit}"
+            )
+    if (
+        not isinstance(kv_cache_memory_bytes, Integral)
+        or isinstance(kv_cache_memory_bytes, bool)
+        or not 0 <= kv_cache_memory_bytes <= MAX_KV_CACHE_MEMORY_BYTES
+    ):
+        raise ValueError(
+            f"kv_cache_memory_bytes = {show_value(kv_cache_memory_bytes)}: expected 0 to "
+            f"{MAX_KV_CACHE_MEMORY_BYTES} bytes"
+        )
     if mamba_cache_mode not in ("none", "align"):
         raise ValueError("mamba_cache_mode must be 'none' or 'align'")
     m = read_model(config, mamba_ssm_cache_dtype)
@@ -182,8 +199,9 @@ def plan_kv(
     # get_num_blocks: int(available_memory // page_size // num_layers), num_layers = group_size.
     num_blocks = max(int(kv_cache_memory_bytes // page // group_size), 0)
     mamba_blocks = 2 if mamba_cache_mode == "align" else 1
-    per_request = _blocks_per_request(full_groups, mamba_groups, block_size, max_model_len,
-                                      mamba_blocks)
+    per_request = _blocks_per_request(
+        full_groups, mamba_groups, block_size, max_model_len, mamba_blocks
+    )
 
     # get_max_concurrency_for_kv_cache_config divides (group_size * sum of group usages) by
     # (page * group_size): the group_size cancels, leaving blocks per request.

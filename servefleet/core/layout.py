@@ -60,8 +60,12 @@ class NodeLayout:
     def of(cls, data) -> "NodeLayout":
         """The layout a host's data describes (host.data or a dict)."""
         get = data.get if hasattr(data, "get") else (lambda k: getattr(data, k, None))
-        return cls(root=get("servefleet_root"), user=get("servefleet_user") or "servefleet",
-                   models_root=get("models_root") or "", depot_store=get("depot_store") or "")
+        return cls(
+            root=get("servefleet_root"),
+            user=get("servefleet_user") or "servefleet",
+            models_root=get("models_root") or "",
+            depot_store=get("depot_store") or "",
+        )
 
     def _p(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
@@ -70,8 +74,14 @@ class NodeLayout:
     @property
     def tree(self) -> tuple[str, ...]:
         """Directories made by the base deploy, root-owned 0755."""
-        return (self.root, self.bin_dir, self.tools_dir, self.venvs_dir, self.etc_dir,
-                self.state_dir)
+        return (
+            self.root,
+            self.bin_dir,
+            self.tools_dir,
+            self.venvs_dir,
+            self.etc_dir,
+            self.state_dir,
+        )
 
     def own_dirs(self, depot: bool) -> tuple[tuple[str, str], ...]:
         """(data key, directory) of each directory servefleet makes its own on this node: the

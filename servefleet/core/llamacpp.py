@@ -41,14 +41,29 @@ def launcher_args(data) -> list[str]:
     return [f"-DCMAKE_{lang}_COMPILER_LAUNCHER=ccache" for lang in langs]
 
 
-def build_env(git_url: str, commit: str, tag: str, flags_hash: str, src_dir: str,
-              build_dir: str, prefix: str, cmake_flags: dict, launcher_args=(),
-              jobs: int | None = None, ccache_dir: str | None = None,
-              nvcc: str | None = None) -> dict[str, str]:
+def build_env(
+    git_url: str,
+    commit: str,
+    tag: str,
+    flags_hash: str,
+    src_dir: str,
+    build_dir: str,
+    prefix: str,
+    cmake_flags: dict,
+    launcher_args=(),
+    jobs: int | None = None,
+    ccache_dir: str | None = None,
+    nvcc: str | None = None,
+) -> dict[str, str]:
     """The environment files/llamacpp/build.sh takes (its header names each variable)."""
     env = {
-        "GIT_URL": git_url, "COMMIT": commit, "TAG": tag, "HASH": flags_hash,
-        "SRC_DIR": src_dir, "BUILD_DIR": build_dir, "PREFIX": prefix,
+        "GIT_URL": git_url,
+        "COMMIT": commit,
+        "TAG": tag,
+        "HASH": flags_hash,
+        "SRC_DIR": src_dir,
+        "BUILD_DIR": build_dir,
+        "PREFIX": prefix,
         "CMAKE_ARGS": " ".join(f"-D{k}={v}" for k, v in sorted(cmake_flags.items())),
         "LAUNCHER_ARGS": " ".join(launcher_args),
         "FLAGS_JSON": json.dumps(cmake_flags, sort_keys=True),
@@ -67,6 +82,7 @@ def model_path(model_dir: str, data) -> str:
 
 
 # --- build records -----------------------------------------------------------------------------
+
 
 @dataclass
 class Builds:
@@ -114,21 +130,28 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", str(text)))
 
 
-def build_problems(*, cuda: bool, nvcc: dict | None, min_nvcc: str, free_disk: int,
-                   min_free_disk: int, root: str) -> list[str]:
+def build_problems(
+    *, cuda: bool, nvcc: dict | None, min_nvcc: str, free_disk: int, min_free_disk: int, root: str
+) -> list[str]:
     """What stops a build on this node; [] when it can build."""
     problems = []
     if cuda:
         if not nvcc:
-            problems.append("GGML_CUDA=ON but no nvcc (not on PATH nor in /usr/local/cuda/bin): "
-                            "install the CUDA toolkit (an operator prerequisite), or set "
-                            "GGML_CUDA=OFF in llamacpp_cmake_flags")
+            problems.append(
+                "GGML_CUDA=ON but no nvcc (not on PATH nor in /usr/local/cuda/bin): "
+                "install the CUDA toolkit (an operator prerequisite), or set "
+                "GGML_CUDA=OFF in llamacpp_cmake_flags"
+            )
         elif not nvcc.get("version") or version_tuple(nvcc["version"]) < version_tuple(min_nvcc):
-            problems.append(f"nvcc {nvcc.get('version') or '(unknown version)'} at {nvcc['path']} "
-                            f"is older than llamacpp_min_nvcc_version {min_nvcc}")
+            problems.append(
+                f"nvcc {nvcc.get('version') or '(unknown version)'} at {nvcc['path']} "
+                f"is older than llamacpp_min_nvcc_version {min_nvcc}"
+            )
     if free_disk < min_free_disk:
-        problems.append(f"{free_disk / 1024**3:.1f} GiB free under {root}, a llama.cpp build "
-                        f"needs {min_free_disk / 1024**3:.1f} GiB (llamacpp_build_min_free_disk_bytes)")
+        problems.append(
+            f"{free_disk / 1024**3:.1f} GiB free under {root}, a llama.cpp build "
+            f"needs {min_free_disk / 1024**3:.1f} GiB (llamacpp_build_min_free_disk_bytes)"
+        )
     return problems
 
 
@@ -163,6 +186,7 @@ def parse_lint(lines: list[str]) -> Lint:
 
 # --- the unit ------------------------------------------------------------------------------------
 
+
 def unit_context(data, model_dir: str, override_kv) -> dict:
     """Variables of files/llamacpp/servefleet-llama.service.j2, every one escaped for systemd.
 
@@ -173,16 +197,32 @@ def unit_context(data, model_dir: str, override_kv) -> dict:
     lay = NodeLayout.of(data)
     build = build_name(data)
     model = model_path(model_dir, data)
-    preflight = [lay.bin("servefleet-llama-preflight"), "--model", model,
-                 "--context-bytes", str(data["llamacpp_context_bytes"]),
-                 "--ram-reserve", str(data["llamacpp_ram_reserve_bytes"])]
+    preflight = [
+        lay.bin("servefleet-llama-preflight"),
+        "--model",
+        model,
+        "--context-bytes",
+        str(data["llamacpp_context_bytes"]),
+        "--ram-reserve",
+        str(data["llamacpp_ram_reserve_bytes"]),
+    ]
     if data["require_gpu"]:
         preflight.append("--gpu")
 
     def exec_start() -> str:
-        argv = [lay.llama_server(build), "-m", model, "--alias", data["served_model_name"],
-                "-c", str(data["llamacpp_context"]), "--host", data["service_host"],
-                "--port", str(data["service_port"])]
+        argv = [
+            lay.llama_server(build),
+            "-m",
+            model,
+            "--alias",
+            data["served_model_name"],
+            "-c",
+            str(data["llamacpp_context"]),
+            "--host",
+            data["service_host"],
+            "--port",
+            str(data["service_port"]),
+        ]
         if data.get("api_key_file"):
             argv += ["--api-key-file", sd.Specifier(f"%d/{CREDENTIAL}")]
         flag = override_kv() if data["llamacpp_gguf_overrides"] else None
@@ -193,18 +233,24 @@ def unit_context(data, model_dir: str, override_kv) -> dict:
     return {
         "service_user": sd.setting(data["servefleet_user"]),
         "working_directory": sd.setting(lay.cache_dir),
-        "environment": [sd.environment("HOME", lay.cache_dir),
-                        sd.environment("GGML_CUDA_NO_PINNED", "1"),
-                        sd.environment("HF_HUB_OFFLINE", "1")],
-        "credential": (f"{CREDENTIAL}:{sd.setting(lay.api_key_file)}"
-                       if data.get("api_key_file") else None),
+        "environment": [
+            sd.environment("HOME", lay.cache_dir),
+            sd.environment("GGML_CUDA_NO_PINNED", "1"),
+            sd.environment("HF_HUB_OFFLINE", "1"),
+        ],
+        "credential": (
+            f"{CREDENTIAL}:{sd.setting(lay.api_key_file)}" if data.get("api_key_file") else None
+        ),
         "exec_start_pre": sd.exec_line(preflight),
         "exec_start": exec_start,  # called by the template: the lint is read at render time
         "description": sd.text(data["served_model_name"]),
-        "sandbox": sandbox.properties([lay.cache_dir], gpu=bool(data["require_gpu"]),
-                                      memory_deny_write_execute=True,
-                                      syscall_filter=data["service_syscall_filter"],
-                                      hidden_paths=lay.engine_hidden_dirs),
+        "sandbox": sandbox.properties(
+            [lay.cache_dir],
+            gpu=bool(data["require_gpu"]),
+            memory_deny_write_execute=True,
+            syscall_filter=data["service_syscall_filter"],
+            hidden_paths=lay.engine_hidden_dirs,
+        ),
         "gpu_setup": sandbox.gpu_setup_line() if data["require_gpu"] else None,
         "timeout_start_s": int(data["health_timeout_s"]),
     }
@@ -212,5 +258,6 @@ def unit_context(data, model_dir: str, override_kv) -> dict:
 
 def probe_argv(data) -> list[str]:
     """What the sandbox probe runs before a (re)start (servefleet.core.sandbox)."""
-    return sandbox.llamacpp_probe_argv(NodeLayout.of(data).llama_server(build_name(data)),
-                                       gpu=bool(data["require_gpu"]))
+    return sandbox.llamacpp_probe_argv(
+        NodeLayout.of(data).llama_server(build_name(data)), gpu=bool(data["require_gpu"])
+    )

@@ -40,11 +40,15 @@ MAX_NAME, MAX_PATH, MAX_DEPTH = 200, 1024, 16
 def safe_repo_path(path) -> bool:
     """A file path a hub or depot may name: relative, normal, no '..', no control characters,
     names and the path short enough for any node's file system."""
-    return (isinstance(path, str) and path != "" and not path.startswith("/")
-            and len(path) <= MAX_PATH and path.count("/") < MAX_DEPTH
-            and all(part not in ("", ".", "..") and len(part) <= MAX_NAME
-                    for part in path.split("/"))
-            and re.fullmatch(r"[A-Za-z0-9._/+@=-]+", path) is not None)
+    return (
+        isinstance(path, str)
+        and path != ""
+        and not path.startswith("/")
+        and len(path) <= MAX_PATH
+        and path.count("/") < MAX_DEPTH
+        and all(part not in ("", ".", "..") and len(part) <= MAX_NAME for part in path.split("/"))
+        and re.fullmatch(r"[A-Za-z0-9._/+@=-]+", path) is not None
+    )
 
 
 class HubError(Exception):
@@ -116,8 +120,9 @@ def _read_bounded(resp, deadline: float, timeout: float, what: str) -> bytes:
 
 
 def _get_json(url: str, token: str | None, timeout: float, what: str):
-    req = urllib.request.Request(url, headers={"Accept": "application/json",
-                                               "User-Agent": "servefleet"})
+    req = urllib.request.Request(
+        url, headers={"Accept": "application/json", "User-Agent": "servefleet"}
+    )
     if token:
         req.add_unredirected_header("Authorization", f"Bearer {token}")
     deadline = time.monotonic() + timeout
@@ -130,10 +135,15 @@ def _get_json(url: str, token: str | None, timeout: float, what: str):
     except urllib.error.HTTPError as exc:
         code = exc.headers.get("X-Error-Code") or ""
         if exc.code in (401, 403) or code in ("RepoNotFound", "GatedRepo"):
-            hint = ("a token was sent but refused" if token else
-                    "no token was given (set HF_TOKEN or hf_token_file)")
-            raise HubError(f"{what}: the hub answered {exc.code} {code} - the repo does not exist, "
-                           f"or it is private/gated and {hint}") from None
+            hint = (
+                "a token was sent but refused"
+                if token
+                else "no token was given (set HF_TOKEN or hf_token_file)"
+            )
+            raise HubError(
+                f"{what}: the hub answered {exc.code} {code} - the repo does not exist, "
+                f"or it is private/gated and {hint}"
+            ) from None
         if code == "RevisionNotFound":
             raise HubError(f"{what}: revision not found on the hub") from None
         raise HubError(f"{what}: the hub answered HTTP {exc.code} {code}".rstrip()) from None
@@ -158,15 +168,20 @@ def _next_link(link: str | None) -> str | None:
 
 
 @functools.lru_cache(maxsize=128)
-def hub_commit(endpoint: str, repo_id: str, revision: str, token: str | None = None,
-               timeout: float = 30) -> HubCommit:
+def hub_commit(
+    endpoint: str, repo_id: str, revision: str, token: str | None = None, timeout: float = 30
+) -> HubCommit:
     """The commit `revision` designates on the hub at endpoint, with every file (cached per run)."""
     endpoint = endpoint.rstrip("/")
     what = f"{repo_id}@{revision} on {endpoint}"
     sha = revision
     if not SHA_RE.fullmatch(revision):
-        doc, _ = _get_json(f"{endpoint}/api/models/{repo_id}/revision/{quote(revision, safe='')}",
-                           token, timeout, what)
+        doc, _ = _get_json(
+            f"{endpoint}/api/models/{repo_id}/revision/{quote(revision, safe='')}",
+            token,
+            timeout,
+            what,
+        )
         sha = doc.get("sha") if isinstance(doc, dict) else None
         if not isinstance(sha, str) or not SHA_RE.fullmatch(sha):
             raise HubError(f"{what}: the hub's answer has no commit sha")
@@ -175,8 +190,9 @@ def hub_commit(endpoint: str, repo_id: str, revision: str, token: str | None = N
     seen: set[str] = set()
     while url:
         if url in seen or len(seen) >= MAX_PAGES:
-            raise HubError(f"{what}: the hub's file list pages in a loop or past {MAX_PAGES} "
-                           f"pages; refused")
+            raise HubError(
+                f"{what}: the hub's file list pages in a loop or past {MAX_PAGES} pages; refused"
+            )
         seen.add(url)
         entries, link = _get_json(url, token, timeout, what)
         if not isinstance(entries, list):
@@ -196,8 +212,10 @@ def _hub_file(entry: dict, what: str) -> HubFile:
     and hashes are well-formed (a hostile hub cannot name ../../etc/passwd)."""
     path, size = entry.get("path"), entry.get("size")
     if not safe_repo_path(path):
-        raise HubError(f"{what}: the hub lists a file path {str(path)[:100]!r} that is not a "
-                       f"plain relative path; refused")
+        raise HubError(
+            f"{what}: the hub lists a file path {str(path)[:100]!r} that is not a "
+            f"plain relative path; refused"
+        )
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise HubError(f"{what}: the hub lists {path} with size {size!r}; refused")
     lfs = entry.get("lfs") if isinstance(entry.get("lfs"), dict) else {}
@@ -217,12 +235,16 @@ def operator_token(data, host_name: str) -> str | None:
         try:
             return read_secret(path)
         except SecretError as exc:
-            raise DataError(f"invalid data for host {host_name}: key 'hf_token_file': {exc}; "
-                            f"nothing was changed") from None
+            raise DataError(
+                f"invalid data for host {host_name}: key 'hf_token_file': {exc}; "
+                f"nothing was changed"
+            ) from None
     token = os.environ.get("HF_TOKEN")
     if token and not SECRET_RE.fullmatch(token):
-        raise DataError(f"invalid $HF_TOKEN for host {host_name}: expected one line of "
-                        f"URL-safe characters; nothing was changed")
+        raise DataError(
+            f"invalid $HF_TOKEN for host {host_name}: expected one line of "
+            f"URL-safe characters; nothing was changed"
+        )
     return token or None
 
 
@@ -251,9 +273,12 @@ def split_record(lines: list[str]) -> tuple[dict | None, dict[str, int]]:
     except (node_output.NodeOutputError, UnicodeDecodeError, records.RecordError):
         record = None
     try:  # names as bytes (base64, NUL between): a newline or a non-UTF-8 byte is a name's
-        raw = node_output.decode(lines[cut + 1:], "the model directory's listing")
-        on_disk = (node_output.sized_names(raw) if len(raw) <= node_output.MAX_LISTING
-                   else {LISTING_UNREADABLE: -1})
+        raw = node_output.decode(lines[cut + 1 :], "the model directory's listing")
+        on_disk = (
+            node_output.sized_names(raw)
+            if len(raw) <= node_output.MAX_LISTING
+            else {LISTING_UNREADABLE: -1}
+        )
     except node_output.NodeOutputError:
         on_disk = {LISTING_UNREADABLE: -1}  # never verified: nothing is known of the files
     return (record if isinstance(record, dict) else None), on_disk
@@ -266,8 +291,12 @@ LISTING_UNREADABLE = "(the directory's listing could not be read in full)"
 
 def satisfies(record: dict | None, repo_id: str, sha: str, include: list[str]) -> bool:
     """Does a verified record already hold repo_id at sha with these include patterns?"""
-    return bool(record) and record.get("repo_id") == repo_id and record.get("sha") == sha \
+    return (
+        bool(record)
+        and record.get("repo_id") == repo_id
+        and record.get("sha") == sha
         and sorted(record.get("include") or []) == sorted(include)
+    )
 
 
 def invalid_record_reason(record: dict | None, on_disk: dict[str, int]) -> str:
@@ -286,6 +315,9 @@ def invalid_record_reason(record: dict | None, on_disk: dict[str, int]) -> str:
     if resized:
         parts.append("size changed: " + ", ".join(map(shown, resized)))
     if unlisted:
-        parts.append("not part of the model: " + ", ".join(map(shown, unlisted[:10]))
-                     + (f" (+{len(unlisted) - 10} more)" if len(unlisted) > 10 else ""))
+        parts.append(
+            "not part of the model: "
+            + ", ".join(map(shown, unlisted[:10]))
+            + (f" (+{len(unlisted) - 10} more)" if len(unlisted) > 10 else "")
+        )
     return "; ".join(parts) or "record unreadable"

@@ -43,8 +43,14 @@ def parse_account(lines: list[str]) -> dict:
         kind, _, entry = line.partition(":")
         fields = entry.split(":")
         if kind == "passwd" and len(fields) == 7:
-            found["user"] = {"name": fields[0], "uid": fields[2], "gid": fields[3],
-                             "gecos": fields[4], "home": fields[5], "shell": fields[6]}
+            found["user"] = {
+                "name": fields[0],
+                "uid": fields[2],
+                "gid": fields[3],
+                "gecos": fields[4],
+                "home": fields[5],
+                "shell": fields[6],
+            }
         elif kind == "group" and len(fields) >= 3:
             members = fields[3].split(",") if len(fields) > 3 and fields[3] else []
             found["group"] = {"name": fields[0], "gid": fields[2], "members": members}
@@ -71,21 +77,31 @@ def account_problem(key: str, name: str, found: dict, home: str, shell: str) -> 
     if user is None and group is None:
         return None
     if user is None:
-        return (f"{what}: a group {name!r} (gid {group['gid']}) exists on this node and is not "
-                f"servefleet's; expected a name that no account or group has yet")
-    if user["gecos"] not in (OWN_ACCOUNT, "") or (user["gecos"] == "" and (
-            user["home"], user["shell"]) != (home, shell)):
-        return (f"{what}: an account {name!r} (uid {user['uid']}) exists on this node and is not "
-                f"servefleet's; expected a name that no account or group has yet")
+        return (
+            f"{what}: a group {name!r} (gid {group['gid']}) exists on this node and is not "
+            f"servefleet's; expected a name that no account or group has yet"
+        )
+    if user["gecos"] not in (OWN_ACCOUNT, "") or (
+        user["gecos"] == "" and (user["home"], user["shell"]) != (home, shell)
+    ):
+        return (
+            f"{what}: an account {name!r} (uid {user['uid']}) exists on this node and is not "
+            f"servefleet's; expected a name that no account or group has yet"
+        )
     if group is None or group["gid"] != user["gid"]:
-        return (f"{what}: the account's primary group is not its own group {name!r}; expected "
-                f"servefleet's own account and group")
-    others = [g for g in found.get("groups") or [] if g != name] + \
-        [m for m in group.get("members") or [] if m != name]
+        return (
+            f"{what}: the account's primary group is not its own group {name!r}; expected "
+            f"servefleet's own account and group"
+        )
+    others = [g for g in found.get("groups") or [] if g != name] + [
+        m for m in group.get("members") or [] if m != name
+    ]
     if others:
-        return (f"{what}: the account is in other groups or its group has other members "
-                f"({', '.join(sorted(set(others)))[:200]}); servefleet's service account is in "
-                f"no group but its own")
+        return (
+            f"{what}: the account is in other groups or its group has other members "
+            f"({', '.join(sorted(set(others)))[:200]}); servefleet's service account is in "
+            f"no group but its own"
+        )
     return None
 
 
@@ -117,8 +133,9 @@ def parse_path_chain(lines: list[str]) -> dict | None:
             int(mode, 8)
         except ValueError:
             return None
-        chains[which].append({"type": kind, "uid": int(uid), "user": user, "mode": mode,
-                              "path": path})
+        chains[which].append(
+            {"type": kind, "uid": int(uid), "user": user, "mode": mode, "path": path}
+        )
     if any(not chain or chain[-1]["path"] != "/" for chain in chains.values()):
         return None
     return chains
@@ -144,15 +161,18 @@ def root_only_problem(key: str, path: str, chains: dict | None) -> str | None:
     for entry in chains["W"] + chains["R"]:
         if others_may_write(entry):
             what = "it" if entry["path"] == path else entry["path"]
-            return (f"{key} = {path}: {what} is owned by {entry['user']} (uid {entry['uid']}), "
-                    f"mode {entry['mode'].zfill(4)} ({entry['type']}); root installs from or "
-                    f"runs what is there, so it and every directory above it must be root's and "
-                    f"writable by root only")
+            return (
+                f"{key} = {path}: {what} is owned by {entry['user']} (uid {entry['uid']}), "
+                f"mode {entry['mode'].zfill(4)} ({entry['type']}); root installs from or "
+                f"runs what is there, so it and every directory above it must be root's and "
+                f"writable by root only"
+            )
     return None
 
 
-def own_dir_problem(key: str, path: str, marker: str, chains: dict | None,
-                    earlier: bool) -> str | None:
+def own_dir_problem(
+    key: str, path: str, marker: str, chains: dict | None, earlier: bool
+) -> str | None:
     """Whether servefleet may make `path` (data key `key`) its own directory, from the owner
     and mode of its marker, itself and each directory above it (parse_path_chain of `marker`).
 
@@ -168,12 +188,16 @@ def own_dir_problem(key: str, path: str, marker: str, chains: dict | None,
         return f"{what}: cannot read the owner and mode of it and the directories above it"
     for entry in chains["W"]:
         if entry["type"] == "symbolic link":
-            return (f"{what}: {entry['path']} is a symbolic link; servefleet's directories and "
-                    f"those above them are real directories")
+            return (
+                f"{what}: {entry['path']} is a symbolic link; servefleet's directories and "
+                f"those above them are real directories"
+            )
         if inside(path, entry["path"]) and others_may_write(entry):
-            return (f"{what}: {entry['path']} above it is owned by {entry['user']} (uid "
-                    f"{entry['uid']}), mode {entry['mode'].zfill(4)}; every directory above "
-                    f"servefleet's must be root's and writable by root only")
+            return (
+                f"{what}: {entry['path']} above it is owned by {entry['user']} (uid "
+                f"{entry['uid']}), mode {entry['mode'].zfill(4)}; every directory above "
+                f"servefleet's must be root's and writable by root only"
+            )
     found = {entry["path"]: entry for entry in chains["W"]}
     own = found.get(path)
     if own is None:
@@ -184,15 +208,19 @@ def own_dir_problem(key: str, path: str, marker: str, chains: dict | None,
     if mark is not None:
         if mark["type"] in ("regular file", "regular empty file") and not others_may_write(mark):
             return None
-        return (f"{what}: its {marker.rsplit('/', 1)[-1]} is a {mark['type']} owned by "
-                f"{mark['user']} (uid {mark['uid']}), mode {mark['mode'].zfill(4)}: not root's "
-                f"mark; expected a directory servefleet made")
+        return (
+            f"{what}: its {marker.rsplit('/', 1)[-1]} is a {mark['type']} owned by "
+            f"{mark['user']} (uid {mark['uid']}), mode {mark['mode'].zfill(4)}: not root's "
+            f"mark; expected a directory servefleet made"
+        )
     if earlier:
         return None
-    return (f"{what}: {path} exists on this node and is not servefleet's (no "
-            f"{marker.rsplit('/', 1)[-1]} that root wrote); expected a directory that does not "
-            f"exist yet, or one servefleet made (to hand it an existing one, create that file "
-            f"there as root)")
+    return (
+        f"{what}: {path} exists on this node and is not servefleet's (no "
+        f"{marker.rsplit('/', 1)[-1]} that root wrote); expected a directory that does not "
+        f"exist yet, or one servefleet made (to hand it an existing one, create that file "
+        f"there as root)"
+    )
 
 
 def parse_meminfo(lines: list[str]) -> dict:
@@ -218,8 +246,10 @@ class Gpu:
         return int(self.driver_version.split(".")[0])
 
 
-NVIDIA_SMI_QUERY = ("nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap "
-                    "--format=csv,noheader,nounits")
+NVIDIA_SMI_QUERY = (
+    "nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap "
+    "--format=csv,noheader,nounits"
+)
 
 
 def _na(value: str) -> str | None:
@@ -234,9 +264,15 @@ def parse_nvidia_smi(lines: list[str]) -> list[Gpu]:
             continue
         index, name, memory, driver, cc = (f.strip() for f in line.split(","))
         mib = _na(memory)
-        gpus.append(Gpu(index=int(index), name=name,
-                        memory_bytes=int(float(mib)) * 1024**2 if mib else None,
-                        driver_version=driver, compute_capability=_na(cc)))
+        gpus.append(
+            Gpu(
+                index=int(index),
+                name=name,
+                memory_bytes=int(float(mib)) * 1024**2 if mib else None,
+                driver_version=driver,
+                compute_capability=_na(cc),
+            )
+        )
     return gpus
 
 
@@ -248,18 +284,24 @@ def node_problems(*, arch: str, gpus: list[Gpu], free_disk: int, data) -> list[s
         problems.append(f"CPU architecture is {arch}, the recipe is built for {expected}")
     if data.get("require_gpu"):
         if not gpus:
-            problems.append("no NVIDIA GPU found (nvidia-smi missing or lists none); install the "
-                            "driver, or set require_gpu = False for a host without one")
+            problems.append(
+                "no NVIDIA GPU found (nvidia-smi missing or lists none); install the "
+                "driver, or set require_gpu = False for a host without one"
+            )
         else:
             minimum = data.get("min_driver_version")
             old = [g for g in gpus if g.driver_major < minimum]
             if old:
-                problems.append(f"NVIDIA driver {old[0].driver_version} is older than the "
-                                f"recipe's minimum {minimum}; upgrade the driver")
+                problems.append(
+                    f"NVIDIA driver {old[0].driver_version} is older than the "
+                    f"recipe's minimum {minimum}; upgrade the driver"
+                )
     need = data.get("min_free_disk_bytes") or 0
     if free_disk < need:
-        problems.append(f"{free_disk / 1024**3:.1f} GiB free under {data.get('servefleet_root')}, "
-                        f"need {need / 1024**3:.1f} GiB")
+        problems.append(
+            f"{free_disk / 1024**3:.1f} GiB free under {data.get('servefleet_root')}, "
+            f"need {need / 1024**3:.1f} GiB"
+        )
     return problems
 
 
@@ -281,5 +323,6 @@ def per_family(data, key: str, family: str, host_name: str):
         raise DataError(
             f"invalid data for host {host_name}: key {key!r} has no entry for this host's OS "
             f"family {family!r}; expected one of {sorted(table)} or add {family!r}; nothing was "
-            f"changed")
+            f"changed"
+        )
     return table[family]

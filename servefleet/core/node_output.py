@@ -28,8 +28,9 @@ def decode(lines: list[str], what: str) -> bytes:
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise NodeOutputError(f"{what}: the node's answer is not the base64 it sends "
-                              "(cut short?)") from None
+        raise NodeOutputError(
+            f"{what}: the node's answer is not the base64 it sends (cut short?)"
+        ) from None
 
 
 def as_name(raw: bytes) -> str:
@@ -43,12 +44,14 @@ _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 def shown(name: str) -> str:
     """A name for one line of a message: bytes that are not UTF-8, control characters and line
     separators written as escapes (\\xNN, \\n, \\u2028)."""
+
     def esc(m):
         ch = m.group(0)
         code = ord(ch)
         if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's byte
             return f"\\x{code - 0xDC00:02x}"
         return ch.encode("unicode_escape").decode("ascii")
+
     return _UNPRINTABLE.sub(esc, name)
 
 

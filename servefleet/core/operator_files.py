@@ -12,9 +12,13 @@ import os
 import stat
 from pathlib import Path
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 class FileRefused(ValueError):
@@ -33,8 +37,9 @@ def read_regular(path: str | Path, max_bytes: int) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FileRefused(f"{path} cannot be read: it is {kind_of(st.st_mode)}, not a regular "
-                              f"file")
+            raise FileRefused(
+                f"{path} cannot be read: it is {kind_of(st.st_mode)}, not a regular file"
+            )
         if st.st_size > max_bytes:
             raise FileRefused(f"{path} is larger than {max_bytes} bytes ({st.st_size})")
         chunks, left = [], max_bytes + 1

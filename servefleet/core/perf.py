@@ -22,8 +22,15 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 PASS, FAIL, BORDERLINE, INCONCLUSIVE = "pass", "fail", "borderline", "inconclusive"
-KEYS = ("perf_gate", "perf_gate_runs", "perf_gate_prompt_tokens", "perf_gate_max_tokens",
-        "perf_gate_decode_drop_pct", "perf_gate_ttft_rise_pct", "perf_gate_recheck_pct")
+KEYS = (
+    "perf_gate",
+    "perf_gate_runs",
+    "perf_gate_prompt_tokens",
+    "perf_gate_max_tokens",
+    "perf_gate_decode_drop_pct",
+    "perf_gate_ttft_rise_pct",
+    "perf_gate_recheck_pct",
+)
 
 
 @dataclass(frozen=True)
@@ -53,13 +60,19 @@ class Settings:
 
     @classmethod
     def of(cls, data) -> "Settings":
-        return cls(bool(data.get("perf_gate", True)),
-                   Workload(int(data.get("perf_gate_runs") or 3),
-                            int(data.get("perf_gate_prompt_tokens") or 512),
-                            int(data.get("perf_gate_max_tokens") or 64)),
-                   Thresholds(data.get("perf_gate_decode_drop_pct"),
-                              data.get("perf_gate_ttft_rise_pct"),
-                              int(data.get("perf_gate_recheck_pct") or 0)))
+        return cls(
+            bool(data.get("perf_gate", True)),
+            Workload(
+                int(data.get("perf_gate_runs") or 3),
+                int(data.get("perf_gate_prompt_tokens") or 512),
+                int(data.get("perf_gate_max_tokens") or 64),
+            ),
+            Thresholds(
+                data.get("perf_gate_decode_drop_pct"),
+                data.get("perf_gate_ttft_rise_pct"),
+                int(data.get("perf_gate_recheck_pct") or 0),
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -91,7 +104,7 @@ class Figures:
 
     @property
     def short(self) -> str:
-        """"41.2 tok/s, TTFT 0.120 s" (80 columns)."""
+        """ "41.2 tok/s, TTFT 0.120 s" (80 columns)."""
         decode = "-" if self.decode_tok_s is None else f"{self.decode_tok_s:.1f}"
         return f"{decode} tok/s, TTFT {self.ttft_s:.3f} s"
 
@@ -104,27 +117,42 @@ def measured(value) -> float | None:
     return float(value) if math.isfinite(value) and value > 0 else None
 
 
-def figures(raw: dict, workload: Workload, when: str, kind: str, rollout: str,
-            seconds: float) -> Figures | str:
+def figures(
+    raw: dict, workload: Workload, when: str, kind: str, rollout: str, seconds: float
+) -> Figures | str:
     """Figures from the bench's JSON line (median_decode_tok_s, median_ttft_s, runs), or why
     they cannot be figures (no time to first token was measured)."""
     ttft = measured(raw.get("median_ttft_s"))
     if ttft is None:
         return f"the bench measured no time to first token ({raw.get('median_ttft_s')!r:.40})"
-    runs = tuple((measured(r.get("decode_tok_s")), measured(r.get("ttft_s")))
-                 for r in raw.get("runs") or [] if isinstance(r, dict))
-    return Figures(measured(raw.get("median_decode_tok_s")), ttft, when,
-                   workload.to_json(), kind, rollout, runs, round(seconds, 2))
+    runs = tuple(
+        (measured(r.get("decode_tok_s")), measured(r.get("ttft_s")))
+        for r in raw.get("runs") or []
+        if isinstance(r, dict)
+    )
+    return Figures(
+        measured(raw.get("median_decode_tok_s")),
+        ttft,
+        when,
+        workload.to_json(),
+        kind,
+        rollout,
+        runs,
+        round(seconds, 2),
+    )
 
 
 def best(first: Figures, second: Figures) -> Figures:
     """The faster of two measurements of one release, figure by figure (the higher decode, the
     lower TTFT): what the release can do when nothing else slows it down."""
     decodes = [d for d in (first.decode_tok_s, second.decode_tok_s) if d is not None]
-    return replace(second, decode_tok_s=max(decodes) if decodes else None,
-                   ttft_s=min(first.ttft_s, second.ttft_s),
-                   runs=tuple(first.runs) + tuple(second.runs),
-                   seconds=round(first.seconds + second.seconds, 2))
+    return replace(
+        second,
+        decode_tok_s=max(decodes) if decodes else None,
+        ttft_s=min(first.ttft_s, second.ttft_s),
+        runs=tuple(first.runs) + tuple(second.runs),
+        seconds=round(first.seconds + second.seconds, 2),
+    )
 
 
 def change_pct(before: float | None, after: float | None) -> float | None:
@@ -147,9 +175,17 @@ class Verdict:
 def compare(before: Figures, after: Figures, th: Thresholds) -> Verdict:
     """after against before. Decode falls (negative change) and TTFT rises (positive) count.
     A checked figure missing on either side makes it inconclusive (unless another failed)."""
-    checks = (("decode", before.decode_tok_s, after.decode_tok_s, "tok/s", ".1f",
-               None if th.decode_drop_pct is None else -th.decode_drop_pct),
-              ("TTFT", before.ttft_s, after.ttft_s, "s", ".3f", th.ttft_rise_pct))
+    checks = (
+        (
+            "decode",
+            before.decode_tok_s,
+            after.decode_tok_s,
+            "tok/s",
+            ".1f",
+            None if th.decode_drop_pct is None else -th.decode_drop_pct,
+        ),
+        ("TTFT", before.ttft_s, after.ttft_s, "s", ".3f", th.ttft_rise_pct),
+    )
     failed, lines, borderline, unmeasured = [], [], False, False
     for name, b, a, unit, fmt, limit in checks:
         if limit is None:
@@ -160,14 +196,23 @@ def compare(before: Figures, after: Figures, th: Thresholds) -> Verdict:
             unmeasured = True
             continue
         worse = change < limit if limit < 0 else change > limit
-        lines.append(f"{name} {_v(b, fmt)} -> {_v(a, fmt)} {unit} ({change:+.1f} %, limit "
-                     f"{limit:+d} %){' FAILED' if worse else ''}")
+        lines.append(
+            f"{name} {_v(b, fmt)} -> {_v(a, fmt)} {unit} ({change:+.1f} %, limit "
+            f"{limit:+d} %){' FAILED' if worse else ''}"
+        )
         if worse:
             failed.append(name)
         if abs(change - limit) <= th.recheck_pct:
             borderline = True
-    state = (FAIL if failed and not borderline else BORDERLINE if borderline
-             else INCONCLUSIVE if unmeasured else PASS)
+    state = (
+        FAIL
+        if failed and not borderline
+        else BORDERLINE
+        if borderline
+        else INCONCLUSIVE
+        if unmeasured
+        else PASS
+    )
     return Verdict(state, tuple(failed), tuple(lines))
 
 
@@ -182,7 +227,7 @@ def cv_pct(values) -> float | None:
         return None
     mean = sum(values) / len(values)
     var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return var ** 0.5 / mean * 100 if mean else None
+    return var**0.5 / mean * 100 if mean else None
 
 
 def short(doc) -> str | None:

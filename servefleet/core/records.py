@@ -37,8 +37,10 @@ def read_command(path: str) -> str:
     """Shell: the file's bytes, at most MAX_BYTES + 1 of them, only when it is a regular file
     and no link; nothing when it does not exist; NOT_REGULAR otherwise."""
     p = shlex.quote(path)
-    return (f"if [ -f {p} ] && [ ! -L {p} ]; then head -c {MAX_BYTES + 1} {p} | {ENCODE}; "
-            f"elif [ -e {p} ] || [ -L {p} ]; then echo '{NOT_REGULAR}'; fi")
+    return (
+        f"if [ -f {p} ] && [ ! -L {p} ]; then head -c {MAX_BYTES + 1} {p} | {ENCODE}; "
+        f"elif [ -e {p} ] || [ -L {p} ]; then echo '{NOT_REGULAR}'; fi"
+    )
 
 
 def from_node(lines: list[str], what: str) -> str:
@@ -131,13 +133,15 @@ def abs_path(doc: dict, key: str, what: str) -> str:
     """An absolute, normalised path below the root directory (never `/` itself)."""
     value = text(doc, key, what)
     if not (value.startswith("/") and posixpath.normpath(value) == value and value.count("/") >= 2):
-        raise RecordError(f"{what}: {key!r} is not an absolute normalised path below / "
-                          f"({value[:80]!r})")
+        raise RecordError(
+            f"{what}: {key!r} is not an absolute normalised path below / ({value[:80]!r})"
+        )
     return value
 
 
-def hex_text(doc: dict, key: str, what: str, lengths: tuple[int, ...],
-             optional: bool = False) -> str | None:
+def hex_text(
+    doc: dict, key: str, what: str, lengths: tuple[int, ...], optional: bool = False
+) -> str | None:
     value = doc.get(key)
     if value is None and optional:
         return None
@@ -149,8 +153,9 @@ def hex_text(doc: dict, key: str, what: str, lengths: tuple[int, ...],
 def unit_name(doc: dict, key: str, what: str) -> str:
     value = doc.get(key)
     if not (isinstance(value, str) and UNIT_NAME.fullmatch(value)):
-        raise RecordError(f"{what}: {key!r} is not a servefleet unit name "
-                          f"(servefleet-NAME.service)")
+        raise RecordError(
+            f"{what}: {key!r} is not a servefleet unit name (servefleet-NAME.service)"
+        )
     return value
 
 

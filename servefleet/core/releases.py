@@ -20,11 +20,21 @@ from servefleet.core.records import RecordError
 
 ENGINES = ("vllm", "llama.cpp")
 # A release's health check, as recipes/serving.py gate_args writes it: key -> allowed types.
-GATE_TYPES = {"script": str, "python": str, "url": str, "model": str, "unit": str,
-              "key_file": (str, type(None)), "timeout_s": int, "settle_s": int,
-              "expect_stopped": bool, "kv_config": (str, type(None)),
-              "kv_data": (dict, type(None)), "engine_version": (str, type(None)),
-              "kv_user": str}
+GATE_TYPES = {
+    "script": str,
+    "python": str,
+    "url": str,
+    "model": str,
+    "unit": str,
+    "key_file": (str, type(None)),
+    "timeout_s": int,
+    "settle_s": int,
+    "expect_stopped": bool,
+    "kv_config": (str, type(None)),
+    "kv_data": (dict, type(None)),
+    "engine_version": (str, type(None)),
+    "kv_user": str,
+}
 MAX_KEPT = 64  # previous releases a record may list (releases_keep is far below)
 
 
@@ -53,8 +63,9 @@ class Release:
 
     @property
     def id(self) -> str:
-        doc = {k: v for k, v in asdict(self).items()
-               if k not in ("recorded_at", "perf", "probe_argv")}
+        doc = {
+            k: v for k, v in asdict(self).items() if k not in ("recorded_at", "perf", "probe_argv")
+        }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -92,20 +103,29 @@ class Release:
         perf, argv = doc.get("perf"), doc.get("probe_argv", [])
         if perf is not None and not isinstance(perf, dict):
             raise RecordError(f"{what}: 'perf' is not an object")
-        if not (isinstance(argv, (list, tuple)) and len(argv) <= 64
-                and all(isinstance(a, str) and len(a) <= 4096 for a in argv)):
+        if not (
+            isinstance(argv, (list, tuple))
+            and len(argv) <= 64
+            and all(isinstance(a, str) and len(a) <= 4096 for a in argv)
+        ):
             raise RecordError(f"{what}: 'probe_argv' is not a list of words")
-        return cls(engine=engine, version=rc.text(doc, "version", what, 64),
-                   prefix=rc.abs_path(doc, "prefix", what), unit=rc.unit_name(doc, "unit", what),
-                   unit_text=_unit_text(doc, what),
-                   model_repo=rc.text(doc, "model_repo", what),
-                   model_revision=rc.text(doc, "model_revision", what, 128),
-                   model_sha=rc.hex_text(doc, "model_sha", what, (40, 64), optional=True),
-                   model_dir=rc.abs_path(doc, "model_dir", what),
-                   data_digest=rc.text(doc, "data_digest", what, 128),
-                   commit=rc.hex_text(doc, "commit", what, tuple(range(7, 65)), optional=True),
-                   gate=gate, recorded_at=rc.text(doc, "recorded_at", what, 64) or "",
-                   perf=perf, probe_argv=tuple(argv))
+        return cls(
+            engine=engine,
+            version=rc.text(doc, "version", what, 64),
+            prefix=rc.abs_path(doc, "prefix", what),
+            unit=rc.unit_name(doc, "unit", what),
+            unit_text=_unit_text(doc, what),
+            model_repo=rc.text(doc, "model_repo", what),
+            model_revision=rc.text(doc, "model_revision", what, 128),
+            model_sha=rc.hex_text(doc, "model_sha", what, (40, 64), optional=True),
+            model_dir=rc.abs_path(doc, "model_dir", what),
+            data_digest=rc.text(doc, "data_digest", what, 128),
+            commit=rc.hex_text(doc, "commit", what, tuple(range(7, 65)), optional=True),
+            gate=gate,
+            recorded_at=rc.text(doc, "recorded_at", what, 64) or "",
+            perf=perf,
+            probe_argv=tuple(argv),
+        )
 
 
 def _unit_text(doc: dict, what: str) -> str:
@@ -125,10 +145,11 @@ class Releases:
     unreadable: str | None = None
 
     def to_json(self) -> dict:
-        return {"current": self.current.to_json() if self.current else None,
-                "previous": [r.to_json() for r in self.previous],
-                "rolled_back_from": self.rolled_back_from.to_json() if self.rolled_back_from
-                else None}
+        return {
+            "current": self.current.to_json() if self.current else None,
+            "previous": [r.to_json() for r in self.previous],
+            "rolled_back_from": self.rolled_back_from.to_json() if self.rolled_back_from else None,
+        }
 
     @classmethod
     def from_json(cls, doc) -> "Releases":
@@ -136,15 +157,19 @@ class Releases:
         rc.only_keys(doc, ("current", "previous", "rolled_back_from"), "the release records")
         previous = doc.get("previous") or []
         if not isinstance(previous, list) or len(previous) > MAX_KEPT:
-            raise RecordError("the release records: 'previous' is not a list of at most "
-                              f"{MAX_KEPT}")
-        kept = tuple(Release.from_json(d, f"previous release {i + 1}")
-                     for i, d in enumerate(previous))
+            raise RecordError(
+                f"the release records: 'previous' is not a list of at most {MAX_KEPT}"
+            )
+        kept = tuple(
+            Release.from_json(d, f"previous release {i + 1}") for i, d in enumerate(previous)
+        )
         if any(r is None for r in kept):
             raise RecordError("the release records: a previous release is null")
-        return cls(Release.from_json(doc.get("current"), "the current release"), kept,
-                   Release.from_json(doc.get("rolled_back_from"),
-                                     "the release rolled back from"))
+        return cls(
+            Release.from_json(doc.get("current"), "the current release"),
+            kept,
+            Release.from_json(doc.get("rolled_back_from"), "the release rolled back from"),
+        )
 
     @classmethod
     def loads(cls, text: str) -> "Releases":
@@ -174,9 +199,12 @@ def record(releases: Releases, new: Release, keep: int) -> tuple[Releases, list[
     measured = next((r.perf for r in releases.kept() if r.id == new.id and r.perf), None)
     if measured and new.perf is None:  # a kept release again: its last figures stay with it
         new = replace(new, perf=measured)
-    previous = [r for r in ((releases.current,) if releases.current else ()) + releases.previous
-                if r.id != new.id]
-    kept, dropped = previous[:max(keep - 1, 0)], previous[max(keep - 1, 0):]
+    previous = [
+        r
+        for r in ((releases.current,) if releases.current else ()) + releases.previous
+        if r.id != new.id
+    ]
+    kept, dropped = previous[: max(keep - 1, 0)], previous[max(keep - 1, 0) :]
     rolled = releases.rolled_back_from
     if rolled and rolled.id != new.id:
         dropped.append(rolled)  # a new release replaces the one rolled back from
@@ -212,8 +240,11 @@ def with_perf(releases: Releases, release_id: str, perf: dict) -> Releases | Non
             return replace(r, perf=perf)
         return r
 
-    updated = Releases(put(releases.current), tuple(put(r) for r in releases.previous),
-                       put(releases.rolled_back_from))
+    updated = Releases(
+        put(releases.current),
+        tuple(put(r) for r in releases.previous),
+        put(releases.rolled_back_from),
+    )
     return updated if found else None
 
 
@@ -224,8 +255,9 @@ def with_time(release: Release, when: str) -> Release:
 def bounded(path: str, parents: list[str]) -> bool:
     """Is `path` strictly inside one of `parents` (normalised)? Pruning deletes nothing else."""
     p = posixpath.normpath(path)
-    return any(p != posixpath.normpath(q) and p.startswith(posixpath.normpath(q) + "/")
-               for q in parents)
+    return any(
+        p != posixpath.normpath(q) and p.startswith(posixpath.normpath(q) + "/") for q in parents
+    )
 
 
 @dataclass
@@ -255,9 +287,11 @@ class RolloutMarker:
         extra = doc.get("extra", {})
         if not isinstance(extra, dict):
             raise RecordError(f"{what}: 'extra' is not an object")
-        return cls(rollout_id=rc.text(doc, "rollout_id", what, 128),
-                   target_digest=rc.text(doc, "target_digest", what, 128),
-                   phase=doc["phase"], from_release=rc.text(doc, "from_release", what, 128,
-                                                            optional=True),
-                   started_at=rc.text(doc, "started_at", what, 64, optional=True) or "",
-                   extra=extra)
+        return cls(
+            rollout_id=rc.text(doc, "rollout_id", what, 128),
+            target_digest=rc.text(doc, "target_digest", what, 128),
+            phase=doc["phase"],
+            from_release=rc.text(doc, "from_release", what, 128, optional=True),
+            started_at=rc.text(doc, "started_at", what, 64, optional=True) or "",
+            extra=extra,
+        )

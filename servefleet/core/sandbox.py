@@ -38,10 +38,14 @@ DEFAULT_SYSCALL_FILTER = ("@system-service",)
 SYSCALL_WORD = re.compile(r"~?@?[a-z][a-z0-9_-]{0,63}")
 
 
-def properties(read_write_paths: list[str], gpu: bool, memory_deny_write_execute: bool,
-               syscall_filter=DEFAULT_SYSCALL_FILTER,
-               address_families=("AF_INET", "AF_INET6", "AF_UNIX"),
-               hidden_paths: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+def properties(
+    read_write_paths: list[str],
+    gpu: bool,
+    memory_deny_write_execute: bool,
+    syscall_filter=DEFAULT_SYSCALL_FILTER,
+    address_families=("AF_INET", "AF_INET6", "AF_UNIX"),
+    hidden_paths: tuple[str, ...] = (),
+) -> list[tuple[str, str]]:
     """(setting, value) pairs, in unit-file order; values are plain (no quoting needed).
 
     read_write_paths: the only places the engine may write (everything else is read-only).
@@ -56,8 +60,11 @@ def properties(read_write_paths: list[str], gpu: bool, memory_deny_write_execute
     """
     props = [
         ("ReadWritePaths", " ".join(sd.setting(p) for p in read_write_paths)),
-        *([("InaccessiblePaths", " ".join("-" + sd.setting(p) for p in hidden_paths))]
-          if hidden_paths else []),
+        *(
+            [("InaccessiblePaths", " ".join("-" + sd.setting(p) for p in hidden_paths))]
+            if hidden_paths
+            else []
+        ),
         ("ProtectSystem", "strict"),
         ("ProtectHome", "yes"),
         ("PrivateTmp", "yes"),
@@ -118,17 +125,31 @@ def gpu_setup_line() -> str:
 PROBE_TIMEOUT_S = 120
 
 
-def probe_script(unit: str, user: str, props: list[tuple[str, str]], environment: list[str],
-                 argv: list[str], gpu: bool) -> str:
+def probe_script(
+    unit: str,
+    user: str,
+    props: list[tuple[str, str]],
+    environment: list[str],
+    argv: list[str],
+    gpu: bool,
+) -> str:
     """A root shell script: run `argv` as `user` in a transient unit with `props`, print one line
     naming what failed and exit 1 when it does not succeed.
 
     environment: the unit's Environment= words (quoted as in the unit file).
     """
     stem = unit.removesuffix(".service")
-    args = ["systemd-run", "--wait", "--pipe", "--collect", "--service-type=exec",
-            f"--unit={stem}-probe", f"--property=User={user}", f"--property=Group={user}",
-            f"--property=RuntimeMaxSec={PROBE_TIMEOUT_S}"]
+    args = [
+        "systemd-run",
+        "--wait",
+        "--pipe",
+        "--collect",
+        "--service-type=exec",
+        f"--unit={stem}-probe",
+        f"--property=User={user}",
+        f"--property=Group={user}",
+        f"--property=RuntimeMaxSec={PROBE_TIMEOUT_S}",
+    ]
     args += [f"--property=Environment={word}" for word in environment]
     args += [f"--property={key}={value}" for key, value in props]
     args += ["--", *argv]
@@ -137,39 +158,46 @@ def probe_script(unit: str, user: str, props: list[tuple[str, str]], environment
     if gpu:
         modprobe = " ".join(shlex.quote(a) for a in GPU_NODES_ARGV)
         setup = f"if [ -x {NVIDIA_MODPROBE} ]; then {modprobe} || true; fi; "
-    what = shlex.quote(f"servefleet: {unit}: the sandbox probe ({' '.join(argv)}) failed under "
-                       "the unit's sandbox, so the service was not restarted:")
-    return (f"{setup}out=$({run} 2>&1); rc=$?; "
-            f"if [ $rc -ne 0 ]; then echo {what} \"$(printf '%s\\n' \"$out\" | "
-            f"awk {EXPLAIN_AWK})\" >&2; exit 1; fi; "
-            f"printf '%s\\n' \"$out\" | grep -v {SYSTEMD_RUN_LINES} | tail -n 3")
+    what = shlex.quote(
+        f"servefleet: {unit}: the sandbox probe ({' '.join(argv)}) failed under "
+        "the unit's sandbox, so the service was not restarted:"
+    )
+    return (
+        f"{setup}out=$({run} 2>&1); rc=$?; "
+        f'if [ $rc -ne 0 ]; then echo {what} "$(printf \'%s\\n\' "$out" | '
+        f'awk {EXPLAIN_AWK})" >&2; exit 1; fi; '
+        f"printf '%s\\n' \"$out\" | grep -v {SYSTEMD_RUN_LINES} | tail -n 3"
+    )
 
 
 # systemd-run's own lines around the probe's output (without --quiet it reports how the main
 # process ended: "Main processes terminated with: code=exited/status=216/GROUP").
 SYSTEMD_RUN_LINES = shlex.quote(
     "^Running as unit: \\|^Finished with result: \\|^Main processes terminated with: \\|"
-    "^Service runtime: \\|^CPU time consumed: \\|^Memory peak: \\|^IP traffic ")
+    "^Service runtime: \\|^CPU time consumed: \\|^Memory peak: \\|^IP traffic "
+)
 
 # The one line: the probe's last line of its own (e.g. "Permission denied") and systemd's verdict;
 # SIGSYS means a system call outside SystemCallFilter= (the filter kills the process).
 EXPLAIN_AWK = shlex.quote(
     r'/^Main processes terminated with: / { sub(/^Main processes terminated with: /, ""); '
-    r'verdict = $0; next } '
-    r'/^(Running as unit|Finished with result|Service runtime|CPU time consumed|Memory peak|'
-    r'IP traffic)/ { next } NF { last = $0 } '
+    r"verdict = $0; next } "
+    r"/^(Running as unit|Finished with result|Service runtime|CPU time consumed|Memory peak|"
+    r"IP traffic)/ { next } NF { last = $0 } "
     r'END { if (verdict ~ /status=(31\/)?SYS/) verdict = verdict " (a system call outside '
     r'SystemCallFilter=)"; if (verdict ~ /status=203/) verdict = verdict " (EXEC)"; '
     r'if (verdict ~ /status=21[67]$/) verdict = verdict " (USER/GROUP)"; '
     r'if (verdict ~ /status=226/) verdict = verdict " (NAMESPACE: a ReadWritePaths= or other '
-    r'mount of the sandbox failed)"; print last ((last != "" && verdict != "") ? "; " : "") verdict }')
+    r'mount of the sandbox failed)"; print last ((last != "" && verdict != "") ? "; " : "") verdict }'
+)
 
 
 # --- a recorded unit's sandbox, read back: a rollback probes the unit it restarts into ---------
 
-SANDBOX_KEYS = frozenset(key for key, _ in properties(["/"], gpu=True,
-                                                       memory_deny_write_execute=True,
-                                                       hidden_paths=("/x",)))
+SANDBOX_KEYS = frozenset(
+    key
+    for key, _ in properties(["/"], gpu=True, memory_deny_write_execute=True, hidden_paths=("/x",))
+)
 
 
 class UnitReadError(ValueError):
@@ -217,14 +245,19 @@ def vllm_probe_argv(venv_python: str, executable: str, gpu: bool) -> list[str]:
     """GPU node: the venv's torch initialises CUDA and names the device. Without a GPU (the
     testbed): the executable the unit starts, asked for its version."""
     if gpu:
-        return [venv_python, "-c", "import torch; torch.cuda.init(); "
-                "print(torch.cuda.get_device_name(0))"]
+        return [
+            venv_python,
+            "-c",
+            "import torch; torch.cuda.init(); print(torch.cuda.get_device_name(0))",
+        ]
     return [executable, "--version"]
 
 
 # `nvidia-smi -L` exits 0 with "No devices found." when /dev/nvidia0 is out of reach (seen on
 # the H200 with the old allow list): the probe wants a GPU line.
-NVIDIA_SMI_PROBE = "nvidia-smi -L | grep '^GPU ' || { echo 'nvidia-smi -L lists no GPU' >&2; exit 1; }"
+NVIDIA_SMI_PROBE = (
+    "nvidia-smi -L | grep '^GPU ' || { echo 'nvidia-smi -L lists no GPU' >&2; exit 1; }"
+)
 
 
 def llamacpp_probe_argv(server: str, gpu: bool) -> list[str]:

@@ -43,6 +43,8 @@ def read_secret(path: str | Path) -> str:
     if "\n" in text or "\r" in text:
         raise SecretError(f"{p} holds more than one line; expected {EXPECTED}")
     if not SECRET_RE.fullmatch(text):
-        raise SecretError(f"{p} holds characters outside the allowed set or is too short/long; "
-                          f"expected {EXPECTED}")
+        raise SecretError(
+            f"{p} holds characters outside the allowed set or is too short/long; "
+            f"expected {EXPECTED}"
+        )
     return text

@@ -17,8 +17,10 @@ from typing import Any, Callable
 # Characters that may never reach a node inside a value: C0/C1 controls, DEL, whitespace.
 # Whitespace, C0/C1 controls, line separators, and the bidi controls that make text read other
 # than it runs ("Trojan Source").
-_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e"
-                     r"\u2066-\u2069\s]")
+_UNSAFE = re.compile(
+    r"[\x00-\x20\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e"
+    r"\u2066-\u2069\s]"
+)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ def integer(lo: int | None = None, hi: int | None = None) -> Check:
     words = "an integer" + (f" >= {lo}" if lo is not None and hi is None else "")
     if lo is not None and hi is not None:
         words = f"an integer from {lo} to {hi}"
-    return Check(words, lambda v: _is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi))
+    return Check(
+        words, lambda v: _is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi)
+    )
 
 
 def pattern(words: str, regex: str) -> Check:
@@ -69,30 +73,76 @@ SHA = pattern("a 40-hex git commit sha", r"[0-9a-f]{40}")
 REVISION = Check(
     "a branch, tag or 40-hex commit sha (letters, digits, '.', '_', '-', '/'; no '..'; at most "
     "128 characters)",
-    lambda v: _is_str(v) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}", v) is not None
-    and ".." not in v and "//" not in v and not v.endswith("/") and not v.endswith(".lock"))
+    lambda v: (
+        _is_str(v)
+        and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}", v) is not None
+        and ".." not in v
+        and "//" not in v
+        and not v.endswith("/")
+        and not v.endswith(".lock")
+    ),
+)
 REPO_ID = Check(
     "a hub repo id like org/name (letters, digits, '.', '_', '-'; no '..')",
-    lambda v: _is_str(v) and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", v) is not None
-    and ".." not in v)
+    lambda v: (
+        _is_str(v)
+        and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", v) is not None
+        and ".." not in v
+    ),
+)
 # A command-line argument of the engine: no whitespace, quotes, backslashes or control characters.
-ARG = pattern("a string without whitespace, quotes, backslashes, control or bidi characters",
-              r"[^\s'\"\\\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]+")
+ARG = pattern(
+    "a string without whitespace, quotes, backslashes, control or bidi characters",
+    r"[^\s'\"\\\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]+",
+)
 # A name the API answers to, passed as a flag's value: never a flag itself (the engine's parser
 # would read "--trust-remote-code" as its own flag).
-SERVED_NAME = Check("a string without whitespace, quotes, backslashes, control or bidi "
-                    "characters, not starting with '-'",
-                    lambda v: ARG.ok(v) and not v.startswith("-"))
+SERVED_NAME = Check(
+    "a string without whitespace, quotes, backslashes, control or bidi "
+    "characters, not starting with '-'",
+    lambda v: ARG.ok(v) and not v.startswith("-"),
+)
 
 # Account names: what useradd accepts on Debian/Ubuntu, and never an account that is root's.
-_SYSTEM_ACCOUNTS = {"root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news",
-                    "uucp", "proxy", "www-data", "backup", "list", "irc", "nobody", "systemd-network",
-                    "systemd-resolve", "messagebus", "sshd", "_apt", "sudo", "adm", "wheel",
-                    "shadow", "disk", "kmem", "tty"}
-ACCOUNT = Check("an unprivileged account name like servefleet (lowercase, not root or a system "
-                "account)",
-                lambda v: _is_str(v) and re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v) is not None
-                and v not in _SYSTEM_ACCOUNTS)
+_SYSTEM_ACCOUNTS = {
+    "root",
+    "daemon",
+    "bin",
+    "sys",
+    "sync",
+    "games",
+    "man",
+    "lp",
+    "mail",
+    "news",
+    "uucp",
+    "proxy",
+    "www-data",
+    "backup",
+    "list",
+    "irc",
+    "nobody",
+    "systemd-network",
+    "systemd-resolve",
+    "messagebus",
+    "sshd",
+    "_apt",
+    "sudo",
+    "adm",
+    "wheel",
+    "shadow",
+    "disk",
+    "kmem",
+    "tty",
+}
+ACCOUNT = Check(
+    "an unprivileged account name like servefleet (lowercase, not root or a system account)",
+    lambda v: (
+        _is_str(v)
+        and re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v) is not None
+        and v not in _SYSTEM_ACCOUNTS
+    ),
+)
 
 
 def _ip_ok(v) -> bool:
@@ -120,12 +170,17 @@ _PATH_CHARS = re.compile(r"/[A-Za-z0-9._/@+-]*")
 
 def clean_abs_path(v) -> bool:
     """Absolute, already normal (no '.', '..', '//', trailing '/'), from a safe character set."""
-    return (_is_str(v) and _PATH_CHARS.fullmatch(v) is not None
-            and posixpath.normpath(v) == v and not v.startswith("//"))
+    return (
+        _is_str(v)
+        and _PATH_CHARS.fullmatch(v) is not None
+        and posixpath.normpath(v) == v
+        and not v.startswith("//")
+    )
 
 
-ABS_PATH = Check("an absolute, normalised path (letters, digits, '._-+@/'; no '..', no spaces)",
-                 clean_abs_path)
+ABS_PATH = Check(
+    "an absolute, normalised path (letters, digits, '._-+@/'; no '..', no spaces)", clean_abs_path
+)
 
 # Where a directory servefleet owns, hands to its service user and deletes in (servefleet_root,
 # models_root, depot_store) may be: exact shapes, not allowed parents with a deny list inside
@@ -140,12 +195,15 @@ SHARED_TREES = ("/opt", "/srv", "/var/lib", "/var/opt")
 OPERATOR_MOUNTS = ("/data", "/mnt", "/scratch")
 _SHARED = "|".join(map(re.escape, SHARED_TREES))
 _MOUNTS = "|".join(map(re.escape, OPERATOR_MOUNTS))
-DEDICATED_PLACES = (re.compile(f"(?:{_SHARED})/{_OWN_NAME}(?:/models|/depot)?"),
-                    re.compile(f"(?:{_MOUNTS})(?:/{_PLAIN_NAME}){{1,3}}"))
+DEDICATED_PLACES = (
+    re.compile(f"(?:{_SHARED})/{_OWN_NAME}(?:/models|/depot)?"),
+    re.compile(f"(?:{_MOUNTS})(?:/{_PLAIN_NAME}){{1,3}}"),
+)
 DEDICATED_EXPECTED = (
     "a directory of servefleet's own: servefleet or servefleet-NAME (or its models or depot) in "
     f"{', '.join(SHARED_TREES)}, or one to three plain names in {', '.join(OPERATOR_MOUNTS)} "
-    "(e.g. /opt/servefleet, /data/models)")
+    "(e.g. /opt/servefleet, /data/models)"
+)
 
 
 def dedicated_dir_problem(path: str) -> str | None:
@@ -168,6 +226,7 @@ def inside(path: str, parent: str) -> bool:
 
 # --- combinators ------------------------------------------------------------------------------
 
+
 def one_of(*choices) -> Check:
     return Check("one of " + ", ".join(repr(c) for c in choices), lambda v: v in choices)
 
@@ -178,13 +237,21 @@ def optional(check: Check) -> Check:
 
 def list_of(check: Check, non_empty: bool = False) -> Check:
     words = f"a {'non-empty ' if non_empty else ''}list, each {check.expected}"
-    return Check(words, lambda v: isinstance(v, (list, tuple)) and (len(v) > 0 or not non_empty)
-                 and all(check.ok(x) for x in v))
+    return Check(
+        words,
+        lambda v: (
+            isinstance(v, (list, tuple))
+            and (len(v) > 0 or not non_empty)
+            and all(check.ok(x) for x in v)
+        ),
+    )
 
 
 def dict_of(key: Check, value: Check) -> Check:
-    return Check(f"a dict of {key.expected} -> {value.expected}",
-                 lambda v: isinstance(v, dict) and all(key.ok(k) and value.ok(x) for k, x in v.items()))
+    return Check(
+        f"a dict of {key.expected} -> {value.expected}",
+        lambda v: isinstance(v, dict) and all(key.ok(k) and value.ok(x) for k, x in v.items()),
+    )
 
 
 def show(value) -> str:

@@ -41,8 +41,13 @@ def public_version(version: str) -> str:
     return version.split("+", 1)[0]
 
 
-def version_problems(found: dict[str, str], wanted: dict[str, str], cuda: str | None,
-                     wanted_cuda: str | None, venv: str) -> list[str]:
+def version_problems(
+    found: dict[str, str],
+    wanted: dict[str, str],
+    cuda: str | None,
+    wanted_cuda: str | None,
+    venv: str,
+) -> list[str]:
     """What differs between the venv and the pins; [] when it is as data says."""
     problems = []
     for name, pin in wanted.items():
@@ -52,9 +57,11 @@ def version_problems(found: dict[str, str], wanted: dict[str, str], cuda: str | 
         elif public_version(have) != pin:
             problems.append(f"{name} {have} is installed in {venv}, the pin is {name}=={pin}")
     if wanted_cuda and "torch" in found and cuda != wanted_cuda:
-        problems.append(f"torch.version.cuda is {cuda or 'None (a CPU build)'} in {venv}, the "
-                        f"recipe needs CUDA {wanted_cuda}: install torch from an index that "
-                        f"serves the cu{wanted_cuda.replace('.', '')} build")
+        problems.append(
+            f"torch.version.cuda is {cuda or 'None (a CPU build)'} in {venv}, the "
+            f"recipe needs CUDA {wanted_cuda}: install torch from an index that "
+            f"serves the cu{wanted_cuda.replace('.', '')} build"
+        )
     return problems
 
 
@@ -82,12 +89,18 @@ def page_cache_applies(data) -> bool:
 def serve_args(data, model: str) -> list[str]:
     """`vllm serve` argv (after the executable) for this host's data."""
     args = [
-        "serve", model,
-        "--served-model-name", data["served_model_name"],
-        "--dtype", "bfloat16",
-        "--max-model-len", str(data["max_model_len"]),
-        "--host", data["service_host"],
-        "--port", str(data["service_port"]),
+        "serve",
+        model,
+        "--served-model-name",
+        data["served_model_name"],
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        str(data["max_model_len"]),
+        "--host",
+        data["service_host"],
+        "--port",
+        str(data["service_port"]),
     ]
     if data["language_model_only"]:
         args.append("--language-model-only")
@@ -130,19 +143,23 @@ def unit_context(data, model: str) -> dict:
         "exec_start": sd.exec_line([executable(data), *serve_args(data, model)]),
         "description": sd.text(data["served_model_name"]),
         "timeout_start_s": int(data["health_timeout_s"]),
-        "sandbox": sandbox.properties(lay.writable_dirs, gpu=bool(data["require_gpu"]),
-                                      memory_deny_write_execute=MEMORY_DENY_WRITE_EXECUTE,
-                                      syscall_filter=data["service_syscall_filter"],
-                                      address_families=ADDRESS_FAMILIES,
-                                      hidden_paths=lay.engine_hidden_dirs),
+        "sandbox": sandbox.properties(
+            lay.writable_dirs,
+            gpu=bool(data["require_gpu"]),
+            memory_deny_write_execute=MEMORY_DENY_WRITE_EXECUTE,
+            syscall_filter=data["service_syscall_filter"],
+            address_families=ADDRESS_FAMILIES,
+            hidden_paths=lay.engine_hidden_dirs,
+        ),
         "gpu_setup": sandbox.gpu_setup_line() if data["require_gpu"] else None,
     }
 
 
 def probe_argv(data) -> list[str]:
     """What the sandbox probe runs before a (re)start (servefleet.core.sandbox)."""
-    return sandbox.vllm_probe_argv(f"{venv_path(data)}/bin/python", executable(data),
-                                   gpu=bool(data["require_gpu"]))
+    return sandbox.vllm_probe_argv(
+        f"{venv_path(data)}/bin/python", executable(data), gpu=bool(data["require_gpu"])
+    )
 
 
 def kv_compared(version: str) -> bool:
@@ -159,12 +176,14 @@ class MemoryVerdict:
     def summary(self) -> str:
         gib = kvplan.format_gib
         p, b = self.plan, self.budget
-        return (f"KV pool {gib(p.kv_cache_memory_bytes)} GiB ({self.pool_source}): block size "
-                f"{p.block_size}, {p.num_blocks:,} blocks, GPU KV cache size {p.tokens:,} tokens, "
-                f"maximum concurrency {p.max_concurrency:.2f}x at {p.max_model_len:,} tokens; weights "
-                f"{gib(b.weights_bytes)} + pool {gib(b.kv_cache_memory_bytes)} + overhead "
-                f"{gib(b.overhead_bytes)} = {gib(b.total_bytes)} of {gib(b.usable_memory_bytes)} "
-                f"GiB usable")
+        return (
+            f"KV pool {gib(p.kv_cache_memory_bytes)} GiB ({self.pool_source}): block size "
+            f"{p.block_size}, {p.num_blocks:,} blocks, GPU KV cache size {p.tokens:,} tokens, "
+            f"maximum concurrency {p.max_concurrency:.2f}x at {p.max_model_len:,} tokens; weights "
+            f"{gib(b.weights_bytes)} + pool {gib(b.kv_cache_memory_bytes)} + overhead "
+            f"{gib(b.overhead_bytes)} = {gib(b.total_bytes)} of {gib(b.usable_memory_bytes)} "
+            f"GiB usable"
+        )
 
 
 def memory_verdict(config: dict, weights_bytes: int, usable_bytes: int, data) -> MemoryVerdict:
@@ -179,26 +198,33 @@ def memory_verdict(config: dict, weights_bytes: int, usable_bytes: int, data) ->
     source = "data"
     if pool is None:
         pool, source = max(usable_bytes - weights_bytes - overhead, 0), "estimate"
-    plan = kvplan.plan_kv(config, data["max_model_len"], pool,
-                          block_alignment=data["kv_block_alignment"])
-    bud = kvplan.budget(weights_bytes, pool, usable_memory_bytes=usable_bytes,
-                        overhead_bytes=overhead)
+    plan = kvplan.plan_kv(
+        config, data["max_model_len"], pool, block_alignment=data["kv_block_alignment"]
+    )
+    bud = kvplan.budget(
+        weights_bytes, pool, usable_memory_bytes=usable_bytes, overhead_bytes=overhead
+    )
     gib = kvplan.format_gib
     problems = []
     if not plan.fits:
-        hint = (f"; it holds at most {plan.estimated_max_model_len:,} tokens per request"
-                if plan.estimated_max_model_len else "")
+        hint = (
+            f"; it holds at most {plan.estimated_max_model_len:,} tokens per request"
+            if plan.estimated_max_model_len
+            else ""
+        )
         problems.append(
             f"vLLM would refuse to start: one {plan.max_model_len:,}-token request needs "
             f"{gib(plan.needed_bytes)} GiB ({plan.needed_bytes:,} bytes) of KV cache, the pool is "
             f"{gib(pool)} GiB ({pool:,} bytes){hint}; raise kv_cache_memory_bytes or lower "
-            f"max_model_len")
+            f"max_model_len"
+        )
     if not bud.fits:
         problems.append(
             f"weights {gib(bud.weights_bytes)} + KV pool {gib(pool)} + overhead "
             f"{gib(overhead)} = {gib(bud.total_bytes)} GiB > {gib(usable_bytes)} GiB usable "
             f"(short by {gib(bud.total_bytes - usable_bytes)} GiB); lower kv_cache_memory_bytes "
-            f"or set usable_memory_bytes to what this host really has")
+            f"or set usable_memory_bytes to what this host really has"
+        )
     return MemoryVerdict(plan, bud, source, problems)
 
 
@@ -208,6 +234,7 @@ def kv_expectation(config: dict, data) -> tuple[int, str] | None:
     pool = data.get("kv_cache_memory_bytes")
     if pool is None:
         return None
-    plan = kvplan.plan_kv(config, data["max_model_len"], pool,
-                          block_alignment=data["kv_block_alignment"])
+    plan = kvplan.plan_kv(
+        config, data["max_model_len"], pool, block_alignment=data["kv_block_alignment"]
+    )
     return plan.tokens, f"{plan.max_concurrency:.2f}"

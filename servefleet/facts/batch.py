@@ -76,8 +76,10 @@ class Batch(FactBase):
         self.nonce = nonce  # process() reads it (pyinfra calls both on one instance)
         # Each fact in a subshell, stderr dropped as pyinfra drops it for a fact; the marker
         # line after it carries its index and exit status.
-        return "; ".join(f"( {cmd}\n) 2>/dev/null; printf '\\n{nonce} {i} %s\\n' \"$?\""
-                         for i, cmd in enumerate(commands))
+        return "; ".join(
+            f"( {cmd}\n) 2>/dev/null; printf '\\n{nonce} {i} %s\\n' \"$?\""
+            for i, cmd in enumerate(commands)
+        )
 
     @staticmethod
     def default():
@@ -118,8 +120,10 @@ def command_of(cls, kwargs: dict) -> str:
     command = _text(fact.command(**dict(kwargs)) if callable(cls.command) else cls.command)
     needs = fact.requires_command(**dict(kwargs))
     if needs:
-        return (f"if command -v {_text(needs)} >/dev/null 2>&1; then ( {command}\n); "
-                f"else echo '{MISSING}'; fi")
+        return (
+            f"if command -v {_text(needs)} >/dev/null 2>&1; then ( {command}\n); "
+            f"else echo '{MISSING}'; fi"
+        )
     return command
 
 

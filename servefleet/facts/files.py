@@ -14,10 +14,12 @@ class RegularFileSha256(FactBase):
 
     def command(self, path: str):
         return StringCommand(
-            "f=", QuoteString(path),
+            "f=",
+            QuoteString(path),
             '; if [ -L "$f" ]; then echo "symbolic link"; elif [ -f "$f" ]; then printf "file ";'
             ' sha256sum < "$f"; elif [ -e "$f" ]; then stat -c %F -- "$f"; else echo absent; fi',
-            _separator="")
+            _separator="",
+        )
 
     def process(self, output):
         line = " ".join(output).strip()

@@ -15,9 +15,11 @@ class LlamaBuilds(FactBase):
 
     def command(self, llama_dir: str):
         d = shlex.quote(llama_dir)
-        return (f'for f in {d}/*/build.json; do [ -f "$f" ] && '
-                'printf "build %s %s\\n" "$(basename "$(dirname "$f")")" "$(tr -d "\\n" < "$f")"; '
-                f'done; printf "current %s\\n" "$(readlink {d}/current 2>/dev/null)"; true')
+        return (
+            f'for f in {d}/*/build.json; do [ -f "$f" ] && '
+            'printf "build %s %s\\n" "$(basename "$(dirname "$f")")" "$(tr -d "\\n" < "$f")"; '
+            f'done; printf "current %s\\n" "$(readlink {d}/current 2>/dev/null)"; true'
+        )
 
     def process(self, output):
         return parse_builds(output)
@@ -27,8 +29,10 @@ class Nvcc(FactBase):
     """The CUDA compiler: on PATH or in /usr/local/cuda/bin; None when there is none."""
 
     def command(self):
-        return ('for n in nvcc /usr/local/cuda/bin/nvcc; do p=$(command -v "$n") && '
-                '{ echo "$p"; "$p" --version; break; }; done; true')
+        return (
+            'for n in nvcc /usr/local/cuda/bin/nvcc; do p=$(command -v "$n") && '
+            '{ echo "$p"; "$p" --version; break; }; done; true'
+        )
 
     def process(self, output):
         return parse_nvcc(output)
@@ -43,11 +47,13 @@ class GgufLint(FactBase):
 
     def command(self, python: str, script: str, path: str, user: str):
         py, sc, p, u = (shlex.quote(x) for x in (python, script, path, user))
-        return (f"if [ ! -f {p} ]; then echo absent; "
-                f"elif [ ! -x {py} ] || [ ! -f {sc} ] || ! {py} -c 'import gguf' 2>/dev/null; "
-                "then echo nolint; "
-                f"elif out=$(runuser -u {u} -- {py} -I {sc} --flag {p} 2>&1); then "
-                'echo "ok $out"; else echo "error $out"; fi')
+        return (
+            f"if [ ! -f {p} ]; then echo absent; "
+            f"elif [ ! -x {py} ] || [ ! -f {sc} ] || ! {py} -c 'import gguf' 2>/dev/null; "
+            "then echo nolint; "
+            f"elif out=$(runuser -u {u} -- {py} -I {sc} --flag {p} 2>&1); then "
+            'echo "ok $out"; else echo "error $out"; fi'
+        )
 
     def process(self, output):
         return parse_lint(output)

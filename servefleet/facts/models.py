@@ -32,23 +32,29 @@ def _as_user(user: str, script: str, *args: str) -> str:
     """`script` run by sh as user when the account exists (on a bare node it does not yet, and
     nothing of it exists either)."""
     u = shlex.quote(user)
-    return (f"if id -u {u} >/dev/null 2>&1; then runuser -u {u} -- timeout {READ_TIMEOUT_S} "
-            f"sh -c {shlex.quote(script)} sh {' '.join(shlex.quote(a) for a in args)}; fi")
+    return (
+        f"if id -u {u} >/dev/null 2>&1; then runuser -u {u} -- timeout {READ_TIMEOUT_S} "
+        f"sh -c {shlex.quote(script)} sh {' '.join(shlex.quote(a) for a in args)}; fi"
+    )
 
 
 # Lists every entry that is not a directory (a planted symlink or FIFO counts as an unlisted
 # file), skipping servefleet's and hf's own folders and rsync's partial files.
 # Names as bytes: NUL after each, base64 on the wire (core.node_output), bounded.
-_LIST = ("cd \"$1\" 2>/dev/null || exit 0; find . \\( -path ./.servefleet -o -path ./.cache "
-         "-o -name .rsync-partial \\) -prune -o ! -type d -printf '%s %P\\0' "
-         f"| head -c {node_output.MAX_LISTING + 1} | {node_output.ENCODE}")
+_LIST = (
+    'cd "$1" 2>/dev/null || exit 0; find . \\( -path ./.servefleet -o -path ./.cache '
+    "-o -name .rsync-partial \\) -prune -o ! -type d -printf '%s %P\\0' "
+    f"| head -c {node_output.MAX_LISTING + 1} | {node_output.ENCODE}"
+)
 
 
 class _ModelRecordBase(FactBase):
     def command(self, path, record, user):
         r = shlex.quote(record)
-        return (f"if [ -f {r} ] && [ ! -L {r} ]; then head -c {records.MAX_BYTES + 1} {r} "
-                f"| {node_output.ENCODE}; echo '{SIZES_MARKER}'; {_as_user(user, _LIST, path)}; fi")
+        return (
+            f"if [ -f {r} ] && [ ! -L {r} ]; then head -c {records.MAX_BYTES + 1} {r} "
+            f"| {node_output.ENCODE}; echo '{SIZES_MARKER}'; {_as_user(user, _LIST, path)}; fi"
+        )
 
 
 class VerifiedModel(_ModelRecordBase):
@@ -74,11 +80,13 @@ class ModelRecordFiles(_ModelRecordBase):
 
 # A regular file, read without following a symlink (dd's O_NOFOLLOW) or blocking on a FIFO
 # (O_NONBLOCK), one byte past the bound so that a larger file is told apart.
-_READ = (f"f=\"$1\"; if [ -L \"$f\" ]; then echo '{FILE_MARKER} symlink'; "
-         f"elif [ ! -e \"$f\" ]; then :; "
-         f"elif [ ! -f \"$f\" ]; then echo '{FILE_MARKER} not-regular'; "
-         f"else echo '{FILE_MARKER} ok'; dd if=\"$f\" iflag=nofollow,nonblock,count_bytes "
-         f"count=\"$2\" status=none | {node_output.ENCODE}; fi")
+_READ = (
+    f'f="$1"; if [ -L "$f" ]; then echo \'{FILE_MARKER} symlink\'; '
+    f'elif [ ! -e "$f" ]; then :; '
+    f"elif [ ! -f \"$f\" ]; then echo '{FILE_MARKER} not-regular'; "
+    f"else echo '{FILE_MARKER} ok'; dd if=\"$f\" iflag=nofollow,nonblock,count_bytes "
+    f'count="$2" status=none | {node_output.ENCODE}; fi'
+)
 
 
 class ModelFile(FactBase):
@@ -92,7 +100,7 @@ class ModelFile(FactBase):
     def process(self, output):
         if not output or not output[0].startswith(FILE_MARKER):
             return None
-        status = output[0][len(FILE_MARKER):].strip()
+        status = output[0][len(FILE_MARKER) :].strip()
         if status != "ok":
             return (f"{status.replace('-', ' ')}: refused", None)
         try:  # the bytes as they are on disk (base64): text only when they are UTF-8

@@ -6,9 +6,17 @@ from __future__ import annotations
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from servefleet.core import node_output
-from servefleet.core.node import (NVIDIA_SMI_QUERY, PATH_CHAIN_FORMAT, parse_account,
-                                  parse_installed_debs, parse_meminfo, parse_nvidia_smi,
-                                  parse_os_release, parse_path_chain, parse_path_stat)
+from servefleet.core.node import (
+    NVIDIA_SMI_QUERY,
+    PATH_CHAIN_FORMAT,
+    parse_account,
+    parse_installed_debs,
+    parse_meminfo,
+    parse_nvidia_smi,
+    parse_os_release,
+    parse_path_chain,
+    parse_path_stat,
+)
 
 
 class OsRelease(FactBase):
@@ -45,7 +53,8 @@ class FreeDiskBytes(FactBase):
         # The servefleet root may not exist yet: walk up to the directory that will hold it.
         return StringCommand(
             StringCommand("p=", QuoteString(path), _separator=""),
-            '; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -P -B1 "$p" | tail -n 1')
+            '; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -P -B1 "$p" | tail -n 1',
+        )
 
     def process(self, output):
         return int(output[-1].split()[3])
@@ -70,8 +79,10 @@ class GpuMemoryUsed(FactBase):
     default = list
 
     def command(self):
-        return ("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi "
-                "--query-gpu=memory.used --format=csv,noheader,nounits; fi; true")
+        return (
+            "if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi "
+            "--query-gpu=memory.used --format=csv,noheader,nounits; fi; true"
+        )
 
     def process(self, output):
         return [float(x) for x in output if x.strip().replace(".", "", 1).isdigit()]
@@ -84,8 +95,12 @@ class DirEntries(FactBase):
 
     def command(self, path):
         # Names as bytes (core.node_output): a newline or a non-UTF-8 byte stays in its name.
-        return StringCommand("find", QuoteString(path), "-mindepth 1 -maxdepth 1 -printf '%P\\0'",
-                             f"2>/dev/null | {node_output.ENCODE}")
+        return StringCommand(
+            "find",
+            QuoteString(path),
+            "-mindepth 1 -maxdepth 1 -printf '%P\\0'",
+            f"2>/dev/null | {node_output.ENCODE}",
+        )
 
     def process(self, output):
         return sorted(node_output.names(node_output.decode(output, "a directory's names")))
@@ -98,8 +113,11 @@ class InstalledDebs(FactBase):
     default = set
 
     def command(self, names: tuple[str, ...]):
-        return StringCommand("dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'",
-                             *[QuoteString(n) for n in names], "2>/dev/null; true")
+        return StringCommand(
+            "dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'",
+            *[QuoteString(n) for n in names],
+            "2>/dev/null; true",
+        )
 
     def process(self, output):
         return parse_installed_debs(output)
@@ -113,10 +131,18 @@ class Account(FactBase):
     default = dict
 
     def command(self, user: str, group: str):
-        return StringCommand("getent passwd", QuoteString(user), "| sed 's/^/passwd:/';",
-                             "getent group", QuoteString(group), "| sed 's/^/group:/';",
-                             "id -Gn --", QuoteString(user), "2>/dev/null | sed 's/^/groups:/';",
-                             "true")
+        return StringCommand(
+            "getent passwd",
+            QuoteString(user),
+            "| sed 's/^/passwd:/';",
+            "getent group",
+            QuoteString(group),
+            "| sed 's/^/group:/';",
+            "id -Gn --",
+            QuoteString(user),
+            "2>/dev/null | sed 's/^/groups:/';",
+            "true",
+        )
 
     def process(self, output):
         return parse_account(output)
@@ -146,7 +172,8 @@ class PathChain(FactBase):
             StringCommand("w=", QuoteString(path), _separator=""),
             '; for t in W R; do [ "$t" = R ] && w=$(readlink -m -- "$w"); p=$w; set --; '
             'while :; do set -- "$@" "$p"; q=${p%/*}; q=${q:-/}; [ "$q" = "$p" ] && break; '
-            f'p=$q; done; stat -c "$t|{PATH_CHAIN_FORMAT}" -- "$@" 2>/dev/null; done; true')
+            f'p=$q; done; stat -c "$t|{PATH_CHAIN_FORMAT}" -- "$@" 2>/dev/null; done; true',
+        )
 
     def process(self, output):
         return parse_path_chain(output)

@@ -8,8 +8,15 @@ from pyinfra.api import FactBase
 
 from servefleet.core.layout import UNIT_DIR
 
-_PROPS = ("LoadState", "ActiveState", "SubState", "UnitFileState", "NRestarts", "InvocationID",
-          "ExecMainStatus")
+_PROPS = (
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "UnitFileState",
+    "NRestarts",
+    "InvocationID",
+    "ExecMainStatus",
+)
 
 
 class UnitState(FactBase):
@@ -34,8 +41,15 @@ class UnitState(FactBase):
 
     @staticmethod
     def default():
-        return {"exists": False, "active": False, "enabled": False, "active_state": "",
-                "sub_state": "", "restarts": 0, "invocation": ""}
+        return {
+            "exists": False,
+            "active": False,
+            "enabled": False,
+            "active_state": "",
+            "sub_state": "",
+            "restarts": 0,
+            "invocation": "",
+        }
 
 
 class ServefleetUnits(FactBase):

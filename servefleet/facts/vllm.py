@@ -86,8 +86,10 @@ class DistVersions(FactBase):
     def command(self, venv: str, names: tuple[str, ...] = ("torch", "vllm")) -> StringCommand:
         # dist-info directories use the normalised name with "_" (e.g. flash_attn-2.8.dist-info).
         globs = [_venv_glob(venv, f"{n.replace('-', '_')}-*.dist-info/METADATA") for n in names]
-        loop = ('; do test -f "$f" && sed -n "/^$/q; s/^Name: */name=/p; s/^Version: */version=/p"'
-                ' "$f"; done; true')
+        loop = (
+            '; do test -f "$f" && sed -n "/^$/q; s/^Name: */name=/p; s/^Version: */version=/p"'
+            ' "$f"; done; true'
+        )
         return StringCommand("for f in", *globs, loop)
 
     def process(self, output: list[str]) -> dict[str, str]:
@@ -115,8 +117,10 @@ class TorchCuda(FactBase):
     def command(self, venv: str) -> StringCommand:
         version_py = _venv_glob(venv, "torch/version.py")
         # version.py only imports typing: run it on its own with the venv's python.
-        run = ('; do test -f "$f" && "$py" -I -c "import runpy, sys; '
-               "print('cuda=' + (runpy.run_path(sys.argv[1])['cuda'] or ''))\" \"$f\"; done; true")
+        run = (
+            '; do test -f "$f" && "$py" -I -c "import runpy, sys; '
+            "print('cuda=' + (runpy.run_path(sys.argv[1])['cuda'] or ''))\" \"$f\"; done; true"
+        )
         py = StringCommand("py=", QuoteString(f"{venv.rstrip('/')}/bin/python"), _separator="")
         return StringCommand(py, "; for f in", version_py, run)
 
@@ -136,7 +140,8 @@ class SafetensorsBytes(FactBase):
     def command(self, path: str, user: str) -> StringCommand:
         u = shlex.quote(user)
         return StringCommand(
-            f"if id -u {u} >/dev/null 2>&1; then runuser -u {u} -- find", QuoteString(path),
+            f"if id -u {u} >/dev/null 2>&1; then runuser -u {u} -- find",
+            QuoteString(path),
             "-maxdepth 1 -name '*.safetensors' -type f -printf '%s\\n' 2>/dev/null; fi; true",
         )
 

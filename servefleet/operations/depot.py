@@ -48,13 +48,20 @@ def locate(name: str) -> DepotHost:
         raise DataError(
             f"invalid data for host {host.name}: depot_host = {name!r} is not a host of this "
             "inventory (use one that holds the depot too, e.g. inventory/fleet.py with --limit); "
-            "nothing was changed")
+            "nothing was changed"
+        )
     data = depot.data
     address = data.get("depot_address") or data.get("ssh_hostname") or name
     port = int(data.get("ssh_port") or 22)
-    return DepotHost(name=name, host=depot, address=address, port=port,
-                     user=data.get("depot_user") or "sfdepot", layout=NodeLayout.of(data),
-                     host_keys=pinned(name, data, address, port))
+    return DepotHost(
+        name=name,
+        host=depot,
+        address=address,
+        port=port,
+        user=data.get("depot_user") or "sfdepot",
+        layout=NodeLayout.of(data),
+        host_keys=pinned(name, data, address, port),
+    )
 
 
 def pinned(name: str, data, address: str, port: int) -> tuple[str, ...]:
@@ -68,14 +75,17 @@ def pinned(name: str, data, address: str, port: int) -> tuple[str, ...]:
         strict = data.get("ssh_strict_host_key_checking")
         if str(strict).strip().lower() != "yes":
             setting = "not set" if strict is None else repr(strict)
-            raise PinError(f"its ssh_strict_host_key_checking is {setting}, under which pyinfra "
-                           f"adds a key it has not seen to that file (learned, not pinned)")
+            raise PinError(
+                f"its ssh_strict_host_key_checking is {setting}, under which pyinfra "
+                f"adds a key it has not seen to that file (learned, not pinned)"
+            )
     except PinError as exc:
         raise DataError(
             f"invalid data for host {host.name}: depot {name} has no pinned SSH host key ({exc}); "
             f"nodes trust only the key the operator pinned: in {name}'s fleet.yml entry set "
             f"ssh_known_hosts_file to a file holding its key for {names[0]} (checked out of "
-            f"band) and ssh_strict_host_key_checking: yes; nothing was changed") from None
+            f"band) and ssh_strict_host_key_checking: yes; nothing was changed"
+        ) from None
     return keys
 
 

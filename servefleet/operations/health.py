@@ -16,39 +16,81 @@ from servefleet.core.vllm import kv_compared, kv_expectation
 from servefleet.operations.vllm_preflight import read_json_on_node
 
 
-def argv(script: str, python: str, url: str, model: str, unit: str,
-         key_file: str | None = None, timeout_s: int = 600, settle_s: int = 0,
-         expect_stopped: bool = False, kv_config: str | None = None,
-         kv_data: dict | None = None, engine_version: str | None = None,
-         read_config: bool = True, kv_user: str = "servefleet") -> list[str]:
+def argv(
+    script: str,
+    python: str,
+    url: str,
+    model: str,
+    unit: str,
+    key_file: str | None = None,
+    timeout_s: int = 600,
+    settle_s: int = 0,
+    expect_stopped: bool = False,
+    kv_config: str | None = None,
+    kv_data: dict | None = None,
+    engine_version: str | None = None,
+    read_config: bool = True,
+    kv_user: str = "servefleet",
+) -> list[str]:
     """The health script's command line for this host (read_config: read config.json now)."""
-    args = [python, "-I", script, "--url", url, "--model", model, "--unit", unit,
-            "--timeout", str(int(timeout_s)), "--settle", str(int(settle_s))]
+    args = [
+        python,
+        "-I",
+        script,
+        "--url",
+        url,
+        "--model",
+        model,
+        "--unit",
+        unit,
+        "--timeout",
+        str(int(timeout_s)),
+        "--settle",
+        str(int(settle_s)),
+    ]
     if expect_stopped:
         return args + ["--expect-stopped"]
     if key_file:
         args += ["--key-file", key_file]
     if kv_config and kv_data is not None:
         if engine_version and not kv_compared(engine_version):
-            args += ["--kv-not-compared",
-                     f"plan-kv is not checked against vLLM {engine_version} on a GPU"]
+            args += [
+                "--kv-not-compared",
+                f"plan-kv is not checked against vLLM {engine_version} on a GPU",
+            ]
         else:
             config = read_json_on_node(kv_config, kv_user) if read_config else None
             expected = kv_expectation(config, kv_data) if isinstance(config, dict) else None
             if expected:
-                args += ["--expect-tokens", str(expected[0]), "--expect-concurrency",
-                         expected[1], "--max-model-len", str(kv_data["max_model_len"])]
+                args += [
+                    "--expect-tokens",
+                    str(expected[0]),
+                    "--expect-concurrency",
+                    expected[1],
+                    "--max-model-len",
+                    str(kv_data["max_model_len"]),
+                ]
             elif kv_data.get("kv_cache_memory_bytes") is None:
                 args += ["--kv-not-compared", "vLLM sizes its pool from free memory"]
     return args
 
 
 @operation()
-def check(script: str, python: str, url: str, model: str, unit: str,
-          key_file: str | None = None, timeout_s: int = 600, settle_s: int = 0,
-          expect_stopped: bool = False, kv_config: str | None = None,
-          kv_data: dict | None = None, engine_version: str | None = None,
-          kv_user: str = "servefleet"):
+def check(
+    script: str,
+    python: str,
+    url: str,
+    model: str,
+    unit: str,
+    key_file: str | None = None,
+    timeout_s: int = 600,
+    settle_s: int = 0,
+    expect_stopped: bool = False,
+    kv_config: str | None = None,
+    kv_data: dict | None = None,
+    engine_version: str | None = None,
+    kv_user: str = "servefleet",
+):
     """
     Wait for /health, compare the KV log lines (vLLM), run one chat completion, settle.
 
@@ -77,7 +119,22 @@ def check(script: str, python: str, url: str, model: str, unit: str,
                      url="http://127.0.0.1:8080", model="qwen", unit="servefleet-llama.service",
                      _if=svc.started)
     """
-    yield " ".join(shlex.quote(a) for a in argv(
-        script, python, url, model, unit, key_file, timeout_s, settle_s, expect_stopped,
-        kv_config, kv_data, engine_version, read_config=host.state.is_executing,
-        kv_user=kv_user))
+    yield " ".join(
+        shlex.quote(a)
+        for a in argv(
+            script,
+            python,
+            url,
+            model,
+            unit,
+            key_file,
+            timeout_s,
+            settle_s,
+            expect_stopped,
+            kv_config,
+            kv_data,
+            engine_version,
+            read_config=host.state.is_executing,
+            kv_user=kv_user,
+        )
+    )

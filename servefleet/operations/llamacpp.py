@@ -30,10 +30,25 @@ BUILD_SCRIPT = Path("files") / "llamacpp" / "build.sh"
 
 
 @operation()
-def build(build: str, prefix: str, src_dir: str, build_dir: str, script: str, git_url: str,
-          commit: str, tag: str, cmake_flags: dict, flags_hash: str, llama_dir: str,
-          launcher_args: list[str] = (), jobs: int | None = None, ccache_dir: str | None = None,
-          min_free_disk: int = 0, min_nvcc: str | None = None, cuda: bool = False):
+def build(
+    build: str,
+    prefix: str,
+    src_dir: str,
+    build_dir: str,
+    script: str,
+    git_url: str,
+    commit: str,
+    tag: str,
+    cmake_flags: dict,
+    flags_hash: str,
+    llama_dir: str,
+    launcher_args: list[str] = (),
+    jobs: int | None = None,
+    ccache_dir: str | None = None,
+    min_free_disk: int = 0,
+    min_nvcc: str | None = None,
+    cuda: bool = False,
+):
     """
     Build llama-server at a pinned commit into ``prefix``, unless that build is installed.
 
@@ -72,17 +87,31 @@ def build(build: str, prefix: str, src_dir: str, build_dir: str, script: str, gi
         return
     nvcc = batch.get(host, Nvcc) if cuda else None
     problems = build_problems(
-        cuda=cuda and bool(min_nvcc), nvcc=nvcc, min_nvcc=min_nvcc or "0",
-        free_disk=batch.get(host, FreeDiskBytes, path=llama_dir), min_free_disk=min_free_disk,
-        root=llama_dir)
+        cuda=cuda and bool(min_nvcc),
+        nvcc=nvcc,
+        min_nvcc=min_nvcc or "0",
+        free_disk=batch.get(host, FreeDiskBytes, path=llama_dir),
+        min_free_disk=min_free_disk,
+        root=llama_dir,
+    )
     if problems:
         yield fail_host(f"llama.cpp build preflight failed on {host.name}: " + "; ".join(problems))
         return
     yield from upload._inner(dest=script, content=BUILD_SCRIPT.read_bytes(), mode="755")
-    env = build_env(git_url=git_url, commit=commit, tag=tag, flags_hash=flags_hash,
-                    src_dir=src_dir, build_dir=build_dir, prefix=prefix, cmake_flags=cmake_flags,
-                    launcher_args=launcher_args, jobs=jobs, ccache_dir=ccache_dir,
-                    nvcc=nvcc["path"] if nvcc else None)
+    env = build_env(
+        git_url=git_url,
+        commit=commit,
+        tag=tag,
+        flags_hash=flags_hash,
+        src_dir=src_dir,
+        build_dir=build_dir,
+        prefix=prefix,
+        cmake_flags=cmake_flags,
+        launcher_args=launcher_args,
+        jobs=jobs,
+        ccache_dir=ccache_dir,
+        nvcc=nvcc["path"] if nvcc else None,
+    )
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     yield StringCommand(f"env {assigns} {shlex.quote(script)}")
 
@@ -110,7 +139,8 @@ def switch(llama_dir: str, prefix: str, current: str):
     t, tmp, cur = (shlex.quote(x) for x in (prefix, f"{current}.new", current))
     yield StringCommand(
         f"test -x {t}/bin/llama-server || {{ echo 'servefleet: no llama-server in {prefix}' >&2; "
-        f"exit 1; }}; ln -sfn {t} {tmp} && mv -T {tmp} {cur}")
+        f"exit 1; }}; ln -sfn {t} {tmp} && mv -T {tmp} {cur}"
+    )
 
 
 @operation()
@@ -134,7 +164,9 @@ def check_gguf(python: str, script: str, path: str, user: str):
     """
     lint = batch.get(host, GgufLint, python=python, script=script, path=path, user=user)
     if lint.state == "ok":
-        host.noop(f"GGUF lint of {path}: " + (f"--override-kv {lint.flag}" if lint.flag else "no defect"))
+        host.noop(
+            f"GGUF lint of {path}: " + (f"--override-kv {lint.flag}" if lint.flag else "no defect")
+        )
     elif lint.state == "error":
         yield fail_host(f"GGUF lint of {path} failed: {lint.detail}")
     elif state.is_executing:

@@ -22,12 +22,27 @@ from servefleet.operations.node import fail_host, upload
 
 
 @operation()
-def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: str,
-          request_file: str, record_file: str, fetcher: str, python: str, user: str,
-          margin_bytes: int, root: str,
-          hf: str | None = None, hf_home: str | None = None, token_file: str | None = None,
-          depot_host: str | None = None, depot_key: str | None = None,
-          depot_known_hosts: str | None = None, bwlimit_kib: int | None = None):
+def fetch(
+    repo_id: str,
+    revision: str,
+    include: list[str],
+    dest: str,
+    source: str,
+    request_file: str,
+    record_file: str,
+    fetcher: str,
+    python: str,
+    user: str,
+    margin_bytes: int,
+    root: str,
+    hf: str | None = None,
+    hf_home: str | None = None,
+    token_file: str | None = None,
+    depot_host: str | None = None,
+    depot_key: str | None = None,
+    depot_known_hosts: str | None = None,
+    bwlimit_kib: int | None = None,
+):
     """
     Fetch repo_id at revision into dest and verify every file; a no-op when dest already holds it.
 
@@ -60,28 +75,50 @@ def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: st
         host.noop(f"{repo_id}@{revision[:12]} is verified in {dest}")
         return
 
-    request = {"source": source, "repo_id": repo_id, "revision": revision,
-               "include": list(include), "dest": dest, "root": root,
-               "margin_bytes": margin_bytes, "record_fd": 3}
+    request = {
+        "source": source,
+        "repo_id": repo_id,
+        "revision": revision,
+        "include": list(include),
+        "dest": dest,
+        "root": root,
+        "margin_bytes": margin_bytes,
+        "record_fd": 3,
+    }
     if source == "depot":
         where = locate(depot_host)
         sha = revision if pinned else ref_on_depot(where, repo_id, revision)
         if sha is None:
-            yield fail_host(f"depot {where.name} has no verified copy of {repo_id}@{revision}: "
-                            f"add it to depot_models and run deploys/depot.py")
+            yield fail_host(
+                f"depot {where.name} has no verified copy of {repo_id}@{revision}: "
+                f"add it to depot_models and run deploys/depot.py"
+            )
             return
         if satisfies(record, repo_id, sha, include):
             host.noop(f"{repo_id}@{sha[:12]} is verified in {dest} (depot {where.name})")
             return
-        request.update(sha=sha, depot={
-            "host": where.address, "port": where.port, "user": where.user,
-            "path": where.layout.depot_rsync_path(repo_id, sha), "key": depot_key,
-            "known_hosts": depot_known_hosts, "bwlimit_kib": bwlimit_kib})
+        request.update(
+            sha=sha,
+            depot={
+                "host": where.address,
+                "port": where.port,
+                "user": where.user,
+                "path": where.layout.depot_rsync_path(repo_id, sha),
+                "key": depot_key,
+                "known_hosts": depot_known_hosts,
+                "bwlimit_kib": bwlimit_kib,
+            },
+        )
     else:
         endpoint = host.data.hf_endpoint
         try:
-            commit = hub_commit(endpoint, repo_id, revision, operator_token(host.data, host.name),
-                                host.data.hub_timeout_seconds)
+            commit = hub_commit(
+                endpoint,
+                repo_id,
+                revision,
+                operator_token(host.data, host.name),
+                host.data.hub_timeout_seconds,
+            )
         except HubError as exc:
             yield fail_host(str(exc))
             return
@@ -92,28 +129,37 @@ def fetch(repo_id: str, revision: str, include: list[str], dest: str, source: st
         if not selected:
             yield fail_host(f"no file of {repo_id}@{commit.sha[:12]} matches include {include}")
             return
-        request.update(sha=commit.sha, endpoint=endpoint, files=[f.to_json() for f in selected],
-                       hf=hf, hf_home=hf_home, token_file=token_file)
+        request.update(
+            sha=commit.sha,
+            endpoint=endpoint,
+            files=[f.to_json() for f in selected],
+            hf=hf,
+            hf_home=hf_home,
+            token_file=token_file,
+        )
 
-    yield from upload._inner(dest=request_file, content=json.dumps(request, indent=1,
-                                                                   sort_keys=True), mode="644")
+    yield from upload._inner(
+        dest=request_file, content=json.dumps(request, indent=1, sort_keys=True), mode="644"
+    )
     yield fetch_command(user, python, fetcher, request_file, record_file)
 
 
-def fetch_command(user: str, python: str, fetcher: str, request_file: str,
-                  record_file: str) -> str:
+def fetch_command(user: str, python: str, fetcher: str, request_file: str, record_file: str) -> str:
     """Drop the record (not ready until verified), run the fetcher as user with descriptor 3 on
     a root-owned file in state/, and make that the record only when the fetcher succeeded."""
     q = shlex.quote
     tmp = f"{record_file}.tmp"
-    return (f"rm -f {q(record_file)} {q(tmp)} && install -d -m 755 {q(posixpath.dirname(record_file))}"
-            f" && (umask 022 && runuser -u {q(user)} -- {q(python)} -I {q(fetcher)} {q(request_file)}"
-            f" 3>{q(tmp)}) && mv -f {q(tmp)} {q(record_file)} || {{ rm -f {q(tmp)}; exit 1; }}")
+    return (
+        f"rm -f {q(record_file)} {q(tmp)} && install -d -m 755 {q(posixpath.dirname(record_file))}"
+        f" && (umask 022 && runuser -u {q(user)} -- {q(python)} -I {q(fetcher)} {q(request_file)}"
+        f" 3>{q(tmp)}) && mv -f {q(tmp)} {q(record_file)} || {{ rm -f {q(tmp)}; exit 1; }}"
+    )
 
 
 @operation()
-def depot_copy(repo_id: str, revision: str, include: list[str], dest_of, ref_file: str,
-               fetch_args: dict):
+def depot_copy(
+    repo_id: str, revision: str, include: list[str], dest_of, ref_file: str, fetch_args: dict
+):
     """
     On the depot: one verified copy of repo_id at revision in the store, and its ref.
 
@@ -125,8 +171,13 @@ def depot_copy(repo_id: str, revision: str, include: list[str], dest_of, ref_fil
     **Example:** servefleet.recipes.depot.serve fills every argument from data.
     """
     try:
-        commit = hub_commit(host.data.hf_endpoint, repo_id, revision,
-                            operator_token(host.data, host.name), host.data.hub_timeout_seconds)
+        commit = hub_commit(
+            host.data.hf_endpoint,
+            repo_id,
+            revision,
+            operator_token(host.data, host.name),
+            host.data.hub_timeout_seconds,
+        )
     except HubError as exc:
         yield fail_host(str(exc))
         return
@@ -134,9 +185,16 @@ def depot_copy(repo_id: str, revision: str, include: list[str], dest_of, ref_fil
     request_of = args.pop("request_of")
     dest = dest_of(commit.sha)
     record_of = args.pop("record_of")
-    yield from fetch._inner(repo_id=repo_id, revision=revision, include=include, dest=dest,
-                            source="hub", request_file=request_of(dest),
-                            record_file=record_of(dest), **args)
+    yield from fetch._inner(
+        repo_id=repo_id,
+        revision=revision,
+        include=include,
+        dest=dest,
+        source="hub",
+        request_file=request_of(dest),
+        record_file=record_of(dest),
+        **args,
+    )
     if batch.get(host, DepotRef, ref_file=ref_file) != commit.sha:
         # After the fetch command: a failed verification stops the host before the ref moves.
         yield from upload._inner(dest=ref_file, content=commit.sha + "\n", mode="644")

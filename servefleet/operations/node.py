@@ -1,6 +1,6 @@
 """Operations every node gets: preflight, OS packages, a visible no-op, secret files.
 
-    pyinfra inventory/testbed.py servefleet.operations.node.preflight data='{...}'
+pyinfra inventory/testbed.py servefleet.operations.node.preflight data='{...}'
 """
 
 from __future__ import annotations
@@ -17,8 +17,14 @@ from pyinfra.operations import apt
 
 from servefleet.core.node import OWN_ACCOUNT, account_problem, node_problems
 from servefleet.facts import batch
-from servefleet.facts.node import (Account, CpuArch, FreeDiskBytes, InstalledDebs, NvidiaGpus,
-                                   PathStat)
+from servefleet.facts.node import (
+    Account,
+    CpuArch,
+    FreeDiskBytes,
+    InstalledDebs,
+    NvidiaGpus,
+    PathStat,
+)
 from servefleet.facts.systemd import UnitState
 
 
@@ -104,8 +110,9 @@ def os_packages(packages: list[str], query: tuple[str, ...] = ()):
         return
     yield from apt.update._inner()
     # Wait for a dpkg lock held by e.g. unattended-upgrades at boot instead of failing.
-    yield from apt.packages._inner(packages=missing, no_recommends=True,
-                                   extra_install_args="-o DPkg::Lock::Timeout=300")
+    yield from apt.packages._inner(
+        packages=missing, no_recommends=True, extra_install_args="-o DPkg::Lock::Timeout=300"
+    )
     batch.forget(host)
 
 
@@ -133,19 +140,38 @@ def account(user: str, home: str, shell: str = "/usr/sbin/nologin"):
         yield fail_host(f"{host.name}: {problem}")
         return
     group, passwd = found.get("group"), found.get("user")
-    if group and passwd and passwd["gid"] == group["gid"] and passwd["home"] == home \
-            and passwd["shell"] == shell and passwd["gecos"] == OWN_ACCOUNT:
+    if (
+        group
+        and passwd
+        and passwd["gid"] == group["gid"]
+        and passwd["home"] == home
+        and passwd["shell"] == shell
+        and passwd["gecos"] == OWN_ACCOUNT
+    ):
         host.noop(f"account {user} (group {user}, home {home}, shell {shell})")
         return
     if not group:
         yield StringCommand("groupadd", "--system", shlex.quote(user))
-    flags = ["--gid", shlex.quote(user), "--shell", shlex.quote(shell),
-             "--comment", shlex.quote(OWN_ACCOUNT)]
+    flags = [
+        "--gid",
+        shlex.quote(user),
+        "--shell",
+        shlex.quote(shell),
+        "--comment",
+        shlex.quote(OWN_ACCOUNT),
+    ]
     if passwd:  # usermod spells it --home, useradd --home-dir
         yield StringCommand("usermod", *flags, "--home", shlex.quote(home), shlex.quote(user))
     else:
-        yield StringCommand("useradd", "--system", "--no-create-home", *flags, "--home-dir",
-                            shlex.quote(home), shlex.quote(user))
+        yield StringCommand(
+            "useradd",
+            "--system",
+            "--no-create-home",
+            *flags,
+            "--home-dir",
+            shlex.quote(home),
+            shlex.quote(user),
+        )
     batch.forget(host)
 
 
@@ -170,8 +196,11 @@ def owned_file(path: str, user: str = "root", group: str = "root", mode: str = "
     if found and found["type"] not in ("regular file", "regular empty file"):
         yield fail_host(f"{path} on {host.name} is a {found['type']}, not a regular file")
         return
-    if found and (found["user"], found["group"]) == (user, group) \
-            and _mode(found["mode"]) == _mode(mode):
+    if (
+        found
+        and (found["user"], found["group"]) == (user, group)
+        and _mode(found["mode"]) == _mode(mode)
+    ):
         host.noop(f"{path} is a file ({user}:{group} {mode})")
         return
     quoted = shlex.quote(path)
@@ -211,8 +240,10 @@ def service(unit: str, running: bool = True, enabled: bool = True):
     elif not enabled and state["enabled"]:
         yield StringCommand("systemctl", "disable", quoted)
     if state["active"] == running and state["enabled"] == enabled:
-        host.noop(f"{unit} is {'running' if running else 'stopped'}, "
-                  f"{'enabled' if enabled else 'disabled'}")
+        host.noop(
+            f"{unit} is {'running' if running else 'stopped'}, "
+            f"{'enabled' if enabled else 'disabled'}"
+        )
 
 
 def _mode(text) -> int:
@@ -241,8 +272,11 @@ def directory(path: str, user: str = "root", group: str = "root", mode: str = "7
     if found and found["type"] != "directory":
         yield fail_host(f"{path} on {host.name} is a {found['type']}, not a directory")
         return
-    if found and (found["user"], found["group"]) == (user, group) \
-            and _mode(found["mode"]) == _mode(mode):
+    if (
+        found
+        and (found["user"], found["group"]) == (user, group)
+        and _mode(found["mode"]) == _mode(mode)
+    ):
         host.noop(f"{path} is a directory ({user}:{group} {mode})")
         return
     quoted = shlex.quote(path)
@@ -280,8 +314,15 @@ class Content(bytes):
     __str__ = __repr__
 
 
-def put(state, host, dest: str, content: bytes, owner: str = "root", group: str = "root",
-        mode: str = "644") -> bool:
+def put(
+    state,
+    host,
+    dest: str,
+    content: bytes,
+    owner: str = "root",
+    group: str = "root",
+    mode: str = "644",
+) -> bool:
     """Runs on the operator side at execution. The bytes travel by SFTP into a fresh 0700
     directory of the login user; root then writes them under umask 077 (0600 until the final
     chmod) next to dest and renames them into place. No predictable /tmp name that another
@@ -295,13 +336,24 @@ def put(state, host, dest: str, content: bytes, owner: str = "root", group: str 
         if not host.put_file(io.BytesIO(content), staged):
             return False
         part = f"{dest}.servefleet-new"
-        q = {k: shlex.quote(v) for k, v in {"s": staged, "p": part, "d": dest,
-                                              "o": f"{owner}:{group}", "m": mode}.items()}
+        q = {
+            k: shlex.quote(v)
+            for k, v in {
+                "s": staged,
+                "p": part,
+                "d": dest,
+                "o": f"{owner}:{group}",
+                "m": mode,
+            }.items()
+        }
         parent = shlex.quote(dest.rsplit("/", 1)[0] or "/")
-        script = (f"(umask 022 && mkdir -p {parent}) && umask 077 && cat {q['s']} > {q['p']} && chown {q['o']} {q['p']} && "
-                  f"chmod {q['m']} {q['p']} && mv -fT {q['p']} {q['d']}")
-        ok, output = host.run_shell_command(StringCommand("sh", "-c", shlex.quote(script)),
-                                            **connector_args(host))
+        script = (
+            f"(umask 022 && mkdir -p {parent}) && umask 077 && cat {q['s']} > {q['p']} && chown {q['o']} {q['p']} && "
+            f"chmod {q['m']} {q['p']} && mv -fT {q['p']} {q['d']}"
+        )
+        ok, output = host.run_shell_command(
+            StringCommand("sh", "-c", shlex.quote(script)), **connector_args(host)
+        )
         if not ok:
             host.log(f"upload to {dest} failed: {output.stderr.strip()[-300:]}")
         return ok
@@ -310,8 +362,14 @@ def put(state, host, dest: str, content: bytes, owner: str = "root", group: str 
 
 
 @operation()
-def upload(dest: str, content, owner: str = "root", group: str = "root", mode: str = "644",
-           secret: bool = False):
+def upload(
+    dest: str,
+    content,
+    owner: str = "root",
+    group: str = "root",
+    mode: str = "644",
+    secret: bool = False,
+):
     """
     A file on the node with exactly this content, owner and mode; replaced atomically.
 
@@ -339,8 +397,12 @@ def upload(dest: str, content, owner: str = "root", group: str = "root", mode: s
         raise ValueError(f"secret {dest}: mode {mode} lets others read it")
     stat = batch.get(host, File, path=dest)
     same = bool(stat) and batch.get(host, Sha256File, path=dest) == hashlib.sha256(data).hexdigest()
-    if same and stat.get("user") == owner and stat.get("group") == group \
-            and str(stat.get("mode")) == mode.lstrip("0"):
+    if (
+        same
+        and stat.get("user") == owner
+        and stat.get("group") == group
+        and str(stat.get("mode")) == mode.lstrip("0")
+    ):
         host.noop(f"{dest} is in place ({owner}:{group} {mode})")
         return
     yield FunctionCommand(put, (dest, data, owner, group, mode), {})
@@ -389,7 +451,9 @@ def root_owned(path: str):
     if not stat:
         yield fail_host(f"{path} does not exist on {host.name}")
     elif stat.get("user") != "root" or _others_may_write(stat.get("mode")):
-        yield fail_host(f"{path} on {host.name} is {stat.get('user')}:{stat.get('group')} mode "
-                        f"{stat.get('mode')}: it must be root's and writable by root only")
+        yield fail_host(
+            f"{path} on {host.name} is {stat.get('user')}:{stat.get('group')} mode "
+            f"{stat.get('mode')}: it must be root's and writable by root only"
+        )
     else:
         host.noop(f"{path} is root's ({stat.get('mode')})")

@@ -46,8 +46,10 @@ def venv(path: str, python: str = "python3", uv: str | None = None, env: dict | 
         host.noop(f"venv {path} exists")
         return
     if uv:
-        yield (f"{_env_prefix(env)}{shlex.quote(uv)} venv --quiet --python {shlex.quote(python)} "
-               f"{shlex.quote(path)}")
+        yield (
+            f"{_env_prefix(env)}{shlex.quote(uv)} venv --quiet --python {shlex.quote(python)} "
+            f"{shlex.quote(path)}"
+        )
     else:
         yield f"{_env_prefix(env)}{shlex.quote(python)} -m venv {shlex.quote(path)}"
     batch.forget(host)
@@ -60,8 +62,15 @@ def _problems(venv: str, pins: dict, torch_cuda: str | None) -> list[str]:
 
 
 @operation()
-def packages(venv: str, pins: dict, sources: list[str] = (), no_deps: bool = False,
-             uv: str | None = None, torch_cuda: str | None = None, env: dict | None = None):
+def packages(
+    venv: str,
+    pins: dict,
+    sources: list[str] = (),
+    no_deps: bool = False,
+    uv: str | None = None,
+    torch_cuda: str | None = None,
+    env: dict | None = None,
+):
     """
     Install pinned packages into a venv when the installed versions differ, then read the
     versions back and fail this host, naming both values, if they are not the pins.
@@ -90,8 +99,11 @@ def packages(venv: str, pins: dict, sources: list[str] = (), no_deps: bool = Fal
         if problems:
             yield fail_host(f"{host.name}: " + "; ".join(problems))
         else:
-            host.noop(", ".join(f"{n} {found[n]}" for n in pins) + f" in {venv}"
-                      + (f"; torch CUDA {torch_cuda}" if torch_cuda and "torch" in pins else ""))
+            host.noop(
+                ", ".join(f"{n} {found[n]}" for n in pins)
+                + f" in {venv}"
+                + (f"; torch CUDA {torch_cuda}" if torch_cuda and "torch" in pins else "")
+            )
         return
 
     python = f"{venv.rstrip('/')}/bin/python"

@@ -38,8 +38,10 @@ def record(releases_file: str, release, keep: int, bounds: list[str]):
     """
     current = batch.get(host, NodeReleases, path=releases_file)
     if current.unreadable:
-        yield fail_host(f"{host.name}: {current.unreadable}; it was left as it is, nothing "
-                        "recorded (move it aside to start the records afresh)")
+        yield fail_host(
+            f"{host.name}: {current.unreadable}; it was left as it is, nothing "
+            "recorded (move it aside to start the records afresh)"
+        )
         return
     new = release()
     if current.current and current.current.id == new.id and not current.rolled_back_from:
@@ -56,8 +58,13 @@ def record(releases_file: str, release, keep: int, bounds: list[str]):
 
 
 @operation()
-def rollback(releases_file: str, running_file: str, unit_dir: str, llama_current: str,
-             force_previous: bool = False):
+def rollback(
+    releases_file: str,
+    running_file: str,
+    unit_dir: str,
+    llama_current: str,
+    force_previous: bool = False,
+):
     """
     Serve the last healthy release again: its unit, its build (llama.cpp `current`), a
     restart. Nothing is downloaded or built: a kept release's directories are on disk.
@@ -102,28 +109,34 @@ def rollback(releases_file: str, running_file: str, unit_dir: str, llama_current
     else:
         back = rel.rollback(records)
     if back is None:
-        yield fail_host(f"{host.name} has no previous release to roll back to"
-                        + (f" (current: {current.describe})" if current else ""))
+        yield fail_host(
+            f"{host.name} has no previous release to roll back to"
+            + (f" (current: {current.describe})" if current else "")
+        )
         return
     target = back.current
     try:
         probe = _probe(target)
     except sandbox.UnitReadError as exc:
-        yield fail_host(f"{host.name}: cannot probe {target.describe} before restarting into "
-                        f"it: {exc}; nothing was changed")
+        yield fail_host(
+            f"{host.name}: cannot probe {target.describe} before restarting into "
+            f"it: {exc}; nothing was changed"
+        )
         return
     yield StringCommand("sh", "-c", shlex.quote(probe))
-    yield from upload._inner(dest=f"{unit_dir}/{target.unit}", content=target.unit_text,
-                             mode="644")
+    yield from upload._inner(dest=f"{unit_dir}/{target.unit}", content=target.unit_text, mode="644")
     if target.engine == "llama.cpp":
         q = shlex.quote
-        yield StringCommand(f"ln -sfn {q(target.prefix)} {q(llama_current + '.new')} && "
-                            f"mv -T {q(llama_current + '.new')} {q(llama_current)}")
+        yield StringCommand(
+            f"ln -sfn {q(target.prefix)} {q(llama_current + '.new')} && "
+            f"mv -T {q(llama_current + '.new')} {q(llama_current)}"
+        )
     unit = shlex.quote(target.unit)
     yield StringCommand(f"systemctl daemon-reload && systemctl restart {unit}")
     yield from upload._inner(dest=releases_file, content=back.dumps(), mode="644")
-    yield from upload._inner(dest=running_file, content=json.dumps({"release": target.id}) + "\n",
-                             mode="644")
+    yield from upload._inner(
+        dest=running_file, content=json.dumps({"release": target.id}) + "\n", mode="644"
+    )
 
 
 def _probe(target: rel.Release) -> str:
@@ -133,8 +146,14 @@ def _probe(target: rel.Release) -> str:
     argv = target.probe_argv
     if not (isinstance(argv, (list, tuple)) and all(isinstance(a, str) for a in argv)):
         raise sandbox.UnitReadError("its recorded probe is not a list of words")
-    return sandbox.probe_script(target.unit, user, props, environment,
-                                list(argv) or sandbox.version_argv(target.unit_text), gpu)
+    return sandbox.probe_script(
+        target.unit,
+        user,
+        props,
+        environment,
+        list(argv) or sandbox.version_argv(target.unit_text),
+        gpu,
+    )
 
 
 @operation()
@@ -153,5 +172,6 @@ def mark_running(running_file: str, release):
     if batch.get(host, RunningRelease, path=running_file) == new.id:
         host.noop(f"{new.short} ({new.id}) is the running release")
         return
-    yield from upload._inner(dest=running_file, content=json.dumps({"release": new.id}) + "\n",
-                             mode="644")
+    yield from upload._inner(
+        dest=running_file, content=json.dumps({"release": new.id}) + "\n", mode="644"
+    )

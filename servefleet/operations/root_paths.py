@@ -39,8 +39,14 @@ def root_only(paths: dict[str, str]):
 
         root_paths.root_only(paths={"uv_cache_dir": "/var/cache/servefleet/uv"})
     """
-    problems = [p for p in (root_only_problem(key, path, batch.get(host, PathChain, path=path))
-                            for key, path in paths.items()) if p]
+    problems = [
+        p
+        for p in (
+            root_only_problem(key, path, batch.get(host, PathChain, path=path))
+            for key, path in paths.items()
+        )
+        if p
+    ]
     if problems:
         yield fail_host(f"{host.name}: " + "; ".join(problems))
     else:
@@ -70,8 +76,12 @@ def own_dirs(dirs: tuple, owners: dict[str, str], earlier: dict[str, bool]):
         marker = NodeLayout.own_marker(path)
         chains = batch.get(host, PathChain, path=marker)
         own = next((e for e in (chains or {}).get("W", []) if e["path"] == path), None)
-        legacy = bool(earlier.get(key)) and own is not None and own["user"] == owners.get(key) \
+        legacy = (
+            bool(earlier.get(key))
+            and own is not None
+            and own["user"] == owners.get(key)
             and not (owners.get(key) == "root" and others_may_write(own))
+        )
         problem = own_dir_problem(key, path, marker, chains, legacy)
         if problem:
             problems.append(problem)

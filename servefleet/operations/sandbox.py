@@ -1,6 +1,6 @@
 """The sandbox probe: the unit's own sandbox, tried on a short command before a (re)start.
 
-    pyinfra inventory/testbed.py servefleet.operations.sandbox.probe ...  (run by the recipes)
+pyinfra inventory/testbed.py servefleet.operations.sandbox.probe ...  (run by the recipes)
 """
 
 from __future__ import annotations

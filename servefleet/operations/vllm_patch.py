@@ -107,8 +107,7 @@ def _node_state(venv: str) -> _NodeState | StringCommand:
     if isinstance(path, Several):
         return _refuse(f"vLLM {version} in {venv}: {path}")
     if path is None:
-        return _refuse(f"vLLM {version} in {venv} has no model file {MODEL_FILE} (a regular "
-                       f"file)")
+        return _refuse(f"vLLM {version} in {venv} has no model file {MODEL_FILE} (a regular file)")
     # Both digests in one read (the path is known only now). Each must be a regular file, read
     # without following a symlink; a FIFO or a directory is only stat'ed (it would hang a read).
     orig = f"{path}.orig"
@@ -116,12 +115,19 @@ def _node_state(venv: str) -> _NodeState | StringCommand:
     found = {p: batch.get(host, RegularFileSha256, path=p) for p in (path, orig)}
     for p, kind in found.items():
         if kind is None or kind[0] not in ("file", "absent") or (p == path and kind[0] != "file"):
-            what = "cannot be read" if kind is None else \
-                "is gone" if kind[0] == "absent" else f"is a {kind[0]}"
+            what = (
+                "cannot be read"
+                if kind is None
+                else "is gone"
+                if kind[0] == "absent"
+                else f"is a {kind[0]}"
+            )
             fix = "Move it away" if p == orig else f"Reinstall vllm=={version} in that venv"
-            return _refuse(f"vLLM {version} in {venv}: {p} {what}, not a regular file; nothing "
-                           f"was changed (the patch never follows a link nor opens anything "
-                           f"else). {fix}")
+            return _refuse(
+                f"vLLM {version} in {venv}: {p} {what}, not a regular file; nothing "
+                f"was changed (the patch never follows a link nor opens anything "
+                f"else). {fix}"
+            )
     sha256 = found[path][1]
 
     patch = recorded_patch(version)
@@ -260,8 +266,7 @@ def revert(venv: str):
 
     if state.orig_sha256 != pristine:
         yield state.refuse(
-            f"the backup {state.orig} has sha256 {state.orig_sha256}, not the pristine "
-            f"{pristine}",
+            f"the backup {state.orig} has sha256 {state.orig_sha256}, not the pristine {pristine}",
             _reinstall_hint(state),
         )
         return

@@ -17,8 +17,13 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import operation
 
-from servefleet.core.lint.checkpoint import (INDEX_FILE, MAX_INDEX_BYTES, MISSING_SHARDS,
-                                             check_recipe, lint_checkpoint)
+from servefleet.core.lint.checkpoint import (
+    INDEX_FILE,
+    MAX_INDEX_BYTES,
+    MISSING_SHARDS,
+    check_recipe,
+    lint_checkpoint,
+)
 from servefleet.core.lint.safe_files import MAX_CONFIG_BYTES, CheckpointError, parse_json_object
 from servefleet.core.node import usable_memory
 from servefleet.core.vllm import memory_verdict
@@ -88,8 +93,10 @@ def lint_on_node(path: str, user: str):
     if config is None:
         return None, f"no {path}/config.json on {host.name}"
     if index is None:
-        return None, (f"no {path}/{INDEX_FILE} on {host.name}: the lint needs the safetensors "
-                      f"index (include it in model_include)")
+        return None, (
+            f"no {path}/{INDEX_FILE} on {host.name}: the lint needs the safetensors "
+            f"index (include it in model_include)"
+        )
     with tempfile.TemporaryDirectory(prefix="servefleet-lint-") as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         (Path(tmp) / INDEX_FILE).write_text(json.dumps(index))
@@ -130,15 +137,22 @@ def checkpoint_lint(path: str, language_model_only: bool, user: str):
         yield fail_host(problem)
         return
     errors = check_recipe(lint, language_model_only)
-    facts_line = (f"{lint.architecture}, {lint.tensors} tensors, {lint.visual_tensors} visual, "
-                  f"{lint.mtp_tensors} mtp")
+    facts_line = (
+        f"{lint.architecture}, {lint.tensors} tensors, {lint.visual_tensors} visual, "
+        f"{lint.mtp_tensors} mtp"
+    )
     if errors:
-        yield fail_host(f"checkpoint {path} on {host.name} ({facts_line}): " + "; ".join(errors)
-                        + f" (language_model_only = {language_model_only})")
+        yield fail_host(
+            f"checkpoint {path} on {host.name} ({facts_line}): "
+            + "; ".join(errors)
+            + f" (language_model_only = {language_model_only})"
+        )
         return
     notes = "; ".join(f.message for f in lint.findings)
-    host.noop(f"checkpoint {path}: {facts_line}; loads with language_model_only = "
-              f"{language_model_only}" + (f" ({notes})" if notes else ""))
+    host.noop(
+        f"checkpoint {path}: {facts_line}; loads with language_model_only = "
+        f"{language_model_only}" + (f" ({notes})" if notes else "")
+    )
 
 
 @operation()
@@ -180,15 +194,24 @@ def memory_preflight(path: str, data: dict, user: str):
         yield fail_host(f"plan-kv cannot read {path}/config.json on {host.name}: {exc}")
         return
     if verdict.problems:
-        yield fail_host(f"memory preflight failed on {host.name}: " + "; ".join(verdict.problems)
-                        + f" [{verdict.summary()}]")
+        yield fail_host(
+            f"memory preflight failed on {host.name}: "
+            + "; ".join(verdict.problems)
+            + f" [{verdict.summary()}]"
+        )
         return
     host.noop(f"memory preflight on {host.name}: {verdict.summary()}")
 
 
 @operation()
-def evict_page_cache(path: str, script: str, user: str, python: str = "python3",
-                     record: str | None = None, drop_caches: bool = False):
+def evict_page_cache(
+    path: str,
+    script: str,
+    user: str,
+    python: str = "python3",
+    record: str | None = None,
+    drop_caches: bool = False,
+):
     """
     Evict the files under ``path`` from the page cache, file by file
     (``posix_fadvise(POSIX_FADV_DONTNEED)``), and report the bytes evicted.

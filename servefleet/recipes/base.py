@@ -18,8 +18,16 @@ from servefleet.core.layout import NodeLayout
 from servefleet.core.node import per_family
 from servefleet.core.python_env import source_args
 from servefleet.facts import batch
-from servefleet.facts.node import (Account, CpuArch, FreeDiskBytes, InstalledDebs, NvidiaGpus,
-                                   OsRelease, PathChain, PathStat)
+from servefleet.facts.node import (
+    Account,
+    CpuArch,
+    FreeDiskBytes,
+    InstalledDebs,
+    NvidiaGpus,
+    OsRelease,
+    PathChain,
+    PathStat,
+)
 from servefleet.facts.vllm import DistVersions
 from servefleet.operations import node, pyenv, root_paths
 
@@ -53,16 +61,17 @@ def python() -> str:
 
 def begin(recipe: str) -> bool:
     """Validate this host's data for `recipe`; False (and a visible no-op) on another role."""
-    validate(HostData(host.name, list(host.groups), [Layer("this host's data", data())]),
-             recipe)
+    validate(HostData(host.name, list(host.groups), [Layer("this host's data", data())]), recipe)
     role = contract.ROLE_OF.get(recipe)
     if role is None or role in host.groups:
         plan_base()
         if recipe in PLANS:
             PLANS[recipe]()
         return True
-    node.skip(name=f"{recipe} acts on {role} hosts only: nothing to do on {host.name}",
-              reason=f"{host.name} is not a {role} host")
+    node.skip(
+        name=f"{recipe} acts on {role} hosts only: nothing to do on {host.name}",
+        reason=f"{host.name} is not a {role} host",
+    )
     return False
 
 
@@ -86,17 +95,26 @@ def plan_base() -> None:
     """Everything the base's steps read, planned as one read (servefleet.facts.batch): a no-op
     check of the base costs one command per node."""
     lay, user = layout(), host.data.servefleet_user
-    batch.plan(host, [
-        (CpuArch, {}), (NvidiaGpus, {}), (FreeDiskBytes, {"path": host.data.servefleet_root}),
-        (OsRelease, {}), (InstalledDebs, {"names": package_query()}),
-        *[(Account, {"user": name, "group": name}) for _, name, _, _ in accounts()],
-        *[(PathStat, {"path": p}) for p in (*lay.tree, lay.cache_dir, lay.models_dir)],
-        (PathStat, {"path": f"{lay.tools_venv}/pyvenv.cfg"}),
-        (DistVersions, {"venv": lay.tools_venv, "names": tuple(TOOLS)}),
-        *[(PathChain, {"path": path}) for path in root_read_paths().values()],
-        *[(fact, {"path": lay.own_marker(d)}) for _, d in own_dirs()
-          for fact in (PathChain, PathStat)],
-    ])
+    batch.plan(
+        host,
+        [
+            (CpuArch, {}),
+            (NvidiaGpus, {}),
+            (FreeDiskBytes, {"path": host.data.servefleet_root}),
+            (OsRelease, {}),
+            (InstalledDebs, {"names": package_query()}),
+            *[(Account, {"user": name, "group": name}) for _, name, _, _ in accounts()],
+            *[(PathStat, {"path": p}) for p in (*lay.tree, lay.cache_dir, lay.models_dir)],
+            (PathStat, {"path": f"{lay.tools_venv}/pyvenv.cfg"}),
+            (DistVersions, {"venv": lay.tools_venv, "names": tuple(TOOLS)}),
+            *[(PathChain, {"path": path}) for path in root_read_paths().values()],
+            *[
+                (fact, {"path": lay.own_marker(d)})
+                for _, d in own_dirs()
+                for fact in (PathChain, PathStat)
+            ],
+        ],
+    )
 
 
 NOLOGIN = "/usr/sbin/nologin"
@@ -124,10 +142,18 @@ def check_own_dirs() -> None:
     lay, user = layout(), host.data.servefleet_user
     owners = {"servefleet_root": "root", "models_root": user, "depot_store": user}
     # Made before markers existed: the root held the tools venv; the others the service's own.
-    earlier = {"servefleet_root": batch.get(host, PathStat, path=f"{lay.tools_venv}/pyvenv.cfg")
-               is not None, "models_root": True, "depot_store": True}
-    root_paths.own_dirs(name="Check that servefleet's directories are its own, under root's",
-                        dirs=own_dirs(), owners=owners, earlier=earlier)
+    earlier = {
+        "servefleet_root": batch.get(host, PathStat, path=f"{lay.tools_venv}/pyvenv.cfg")
+        is not None,
+        "models_root": True,
+        "depot_store": True,
+    }
+    root_paths.own_dirs(
+        name="Check that servefleet's directories are its own, under root's",
+        dirs=own_dirs(),
+        owners=owners,
+        earlier=earlier,
+    )
 
 
 def mark_own_dirs(keys: tuple[str, ...]) -> None:
@@ -156,20 +182,25 @@ def node_base():
 
 @deploy("Preflight")
 def preflight():
-    node.preflight(name="Check CPU, GPU/driver, free disk and accounts", data=data(),
-                   accounts=accounts())
+    node.preflight(
+        name="Check CPU, GPU/driver, free disk and accounts", data=data(), accounts=accounts()
+    )
     check_own_dirs()
     # Before anything runs, installs or builds: every recipe starts here (deploys/base.py too).
     paths = root_read_paths()
     if paths:
-        root_paths.root_only(name="Check that only root can change the caches, wheel directories "
-                                  "and interpreters root uses", paths=paths)
+        root_paths.root_only(
+            name="Check that only root can change the caches, wheel directories "
+            "and interpreters root uses",
+            paths=paths,
+        )
 
 
 @deploy("OS packages")
 def os_packages(key: str = "os_packages"):
-    node.os_packages(name=f"Install OS packages ({key})", packages=family_value(key),
-                     query=package_query(key))
+    node.os_packages(
+        name=f"Install OS packages ({key})", packages=family_value(key), query=package_query(key)
+    )
 
 
 @deploy("Service account and tree")
@@ -179,13 +210,22 @@ def account_and_tree():
     lay, user = layout(), host.data.servefleet_user
     node.account(name=f"System user {user}", user=user, home=lay.cache_dir, shell=NOLOGIN)
     for path in lay.tree:
-        node.directory(name=f"Directory {path}", path=path, user="root", group="root",
-                       mode="755")
+        node.directory(name=f"Directory {path}", path=path, user="root", group="root", mode="755")
     # Models are read by the engine and, on a depot, by the read-only rsync account: 0755.
-    node.directory(name=f"Directory {lay.cache_dir} (the service's)", path=lay.cache_dir,
-                   user=user, group=user, mode="750")
-    node.directory(name=f"Directory {lay.models_dir} (the service's)", path=lay.models_dir,
-                   user=user, group=user, mode="755")
+    node.directory(
+        name=f"Directory {lay.cache_dir} (the service's)",
+        path=lay.cache_dir,
+        user=user,
+        group=user,
+        mode="750",
+    )
+    node.directory(
+        name=f"Directory {lay.models_dir} (the service's)",
+        path=lay.models_dir,
+        user=user,
+        group=user,
+        mode="755",
+    )
     mark_own_dirs(("servefleet_root", "models_root"))
 
 
@@ -195,5 +235,9 @@ def tools(packages: dict[str, str]):
     lay = layout()
     pins = {name: host.data.get(key) for name, key in packages.items()}
     pyenv.venv(name=f"Tools venv {lay.tools_venv}", path=lay.tools_venv, python=python())
-    pyenv.packages(name="Tools: " + ", ".join(f"{n} {v}" for n, v in pins.items()),
-                   venv=lay.tools_venv, pins=pins, sources=source_args(host.data))
+    pyenv.packages(
+        name="Tools: " + ", ".join(f"{n} {v}" for n, v in pins.items()),
+        venv=lay.tools_venv,
+        pins=pins,
+        sources=source_args(host.data),
+    )

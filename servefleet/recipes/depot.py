@@ -29,17 +29,23 @@ def account():
     lay, user = base.layout(), host.data.servefleet_user
     depot_user = host.data.depot_user
     _, public = fleet_key(host.data, host.name)
-    files.directory(name=f"Depot store {lay.depot_dir}", path=lay.depot_dir, user=user,
-                    group=user, mode="755")
+    files.directory(
+        name=f"Depot store {lay.depot_dir}", path=lay.depot_dir, user=user, group=user, mode="755"
+    )
     base.mark_own_dirs(("depot_store",))
     # A shell, because sshd runs the forced command through it; the key allows nothing else.
-    node.account(name=f"Depot user {depot_user}", user=depot_user, home=lay.depot_home,
-                 shell="/bin/sh")
+    node.account(
+        name=f"Depot user {depot_user}", user=depot_user, home=lay.depot_home, shell="/bin/sh"
+    )
     for d in (lay.depot_home, f"{lay.depot_home}/.ssh"):  # root's: the account cannot change them
         files.directory(name=f"Directory {d}", path=d, user="root", group="root", mode="755")
     line = f'restrict,command="{RRSYNC} -ro {lay.depot_dir}" {public}\n'
-    node.upload(name="Fleet key, read-only rsync of the store",
-                dest=f"{lay.depot_home}/.ssh/authorized_keys", content=line, mode="644")
+    node.upload(
+        name="Fleet key, read-only rsync of the store",
+        dest=f"{lay.depot_home}/.ssh/authorized_keys",
+        content=line,
+        mode="644",
+    )
 
 
 @deploy("Depot")
@@ -51,11 +57,19 @@ def serve():
         return
     lay = base.layout()
     model_tools("hub")
-    args = {**fetch_args(lay, "hub"), "root": lay.depot_dir, "request_of": lay.fetch_request,
-            "record_of": lay.model_record}
+    args = {
+        **fetch_args(lay, "hub"),
+        "root": lay.depot_dir,
+        "request_of": lay.fetch_request,
+        "record_of": lay.model_record,
+    }
     for m in models:
         model_ops.depot_copy(
-            name=f"Depot copy of {m['repo_id']}@{m['revision']}", repo_id=m["repo_id"],
-            revision=m["revision"], include=m["include"],
+            name=f"Depot copy of {m['repo_id']}@{m['revision']}",
+            repo_id=m["repo_id"],
+            revision=m["revision"],
+            include=m["include"],
             dest_of=lambda sha, repo=m["repo_id"]: lay.depot_model_dir(repo, sha),
-            ref_file=lay.depot_ref(m["repo_id"], m["revision"]), fetch_args=args)
+            ref_file=lay.depot_ref(m["repo_id"], m["revision"]),
+            fetch_args=args,
+        )

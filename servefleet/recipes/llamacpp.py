@@ -45,22 +45,29 @@ def plan_reads() -> None:
     (servefleet.facts.batch): the same facts with the same arguments the steps ask for."""
     data, lay = base.data(), base.layout()
     model = model_dir(data["model_repo"], data["model_revision"])
-    batch.plan(host, [
-        (InstalledDebs, {"names": base.package_query("llamacpp_build_packages")}),
-        (LlamaBuilds, {"llama_dir": lay.llama_dir}),
-        *([(Nvcc, {})] if logic.cuda_on(data["llamacpp_cmake_flags"]) else []),
-        (FreeDiskBytes, {"path": lay.llama_dir}),
-        *model_reads(model),
-        (DistVersions, {"venv": lay.tools_venv, "names": tuple(base.GGUF_TOOLS)}),
-        *base.upload_reads(lay.bin("servefleet-llama-build"), lay.bin("gguf_header.py"),
-                           lay.bin("servefleet-gguf-lint"),
-                           lay.bin("servefleet-llama-preflight"), lay.bin("servefleet-health"),
-                           lay.bin(serving.ENGINE_CLIENT_NAME),
-                           lay.unit_path(logic.UNIT)),
-        (GgufLint, _lint_args(model)),
-        (File, {"path": lay.api_key_file}),
-        *serving.service_reads(lay, logic.UNIT),
-    ])
+    batch.plan(
+        host,
+        [
+            (InstalledDebs, {"names": base.package_query("llamacpp_build_packages")}),
+            (LlamaBuilds, {"llama_dir": lay.llama_dir}),
+            *([(Nvcc, {})] if logic.cuda_on(data["llamacpp_cmake_flags"]) else []),
+            (FreeDiskBytes, {"path": lay.llama_dir}),
+            *model_reads(model),
+            (DistVersions, {"venv": lay.tools_venv, "names": tuple(base.GGUF_TOOLS)}),
+            *base.upload_reads(
+                lay.bin("servefleet-llama-build"),
+                lay.bin("gguf_header.py"),
+                lay.bin("servefleet-gguf-lint"),
+                lay.bin("servefleet-llama-preflight"),
+                lay.bin("servefleet-health"),
+                lay.bin(serving.ENGINE_CLIENT_NAME),
+                lay.unit_path(logic.UNIT),
+            ),
+            (GgufLint, _lint_args(model)),
+            (File, {"path": lay.api_key_file}),
+            *serving.service_reads(lay, logic.UNIT),
+        ],
+    )
 
 
 base.PLANS["serve_q4_llamacpp"] = plan_reads
@@ -86,17 +93,30 @@ def build() -> Build:
     cuda = logic.cuda_on(flags)
     made = ops.build(
         name=f"Build llama-server {data['llamacpp_tag']} ({data['llamacpp_commit'][:10]}) -> {name}",
-        build=name, prefix=lay.llama_prefix(name), src_dir=lay.llama_src,
-        build_dir=lay.llama_build_dir, llama_dir=lay.llama_dir,
-        script=lay.bin("servefleet-llama-build"), git_url=data["llamacpp_git_url"],
-        commit=data["llamacpp_commit"], tag=data["llamacpp_tag"], cmake_flags=flags,
+        build=name,
+        prefix=lay.llama_prefix(name),
+        src_dir=lay.llama_src,
+        build_dir=lay.llama_build_dir,
+        llama_dir=lay.llama_dir,
+        script=lay.bin("servefleet-llama-build"),
+        git_url=data["llamacpp_git_url"],
+        commit=data["llamacpp_commit"],
+        tag=data["llamacpp_tag"],
+        cmake_flags=flags,
         flags_hash=logic.flags_hash(data["llamacpp_commit"], flags),
-        launcher_args=logic.launcher_args(data), jobs=data.get("llamacpp_build_jobs"),
+        launcher_args=logic.launcher_args(data),
+        jobs=data.get("llamacpp_build_jobs"),
         ccache_dir=data.get("llamacpp_ccache_dir"),
         min_free_disk=data["llamacpp_build_min_free_disk_bytes"],
-        min_nvcc=data["llamacpp_min_nvcc_version"] if cuda else None, cuda=cuda)
-    switch = ops.switch(name=f"llama.cpp current -> {name}", llama_dir=lay.llama_dir,
-                        prefix=lay.llama_prefix(name), current=lay.llama_current)
+        min_nvcc=data["llamacpp_min_nvcc_version"] if cuda else None,
+        cuda=cuda,
+    )
+    switch = ops.switch(
+        name=f"llama.cpp current -> {name}",
+        llama_dir=lay.llama_dir,
+        prefix=lay.llama_prefix(name),
+        current=lay.llama_current,
+    )
     return Build(name=name, prefix=lay.llama_prefix(name), build=made, switch=switch)
 
 
@@ -104,14 +124,19 @@ def build() -> Build:
 def model() -> ModelRun:
     """The GGUF on the node (hub or depot, as data says)."""
     data = base.data()
-    return ensure_model(repo_id=data["model_repo"], revision=data["model_revision"],
-                        include=[data["model_file"]])
+    return ensure_model(
+        repo_id=data["model_repo"], revision=data["model_revision"], include=[data["model_file"]]
+    )
 
 
 def _lint_args(model_dir: str) -> dict:
     lay = base.layout()
-    return {"python": lay.tools_python, "script": lay.bin("servefleet-gguf-lint"),
-            "path": logic.model_path(model_dir, base.data()), "user": host.data.servefleet_user}
+    return {
+        "python": lay.tools_python,
+        "script": lay.bin("servefleet-gguf-lint"),
+        "path": logic.model_path(model_dir, base.data()),
+        "user": host.data.servefleet_user,
+    }
 
 
 @deploy("GGUF lint")
@@ -119,10 +144,15 @@ def gguf_lint_step(run: ModelRun):
     """gguf in the tools venv and the lint on the node; the model file linted there."""
     base.tools(base.GGUF_TOOLS)
     args = _lint_args(run.path)
-    node.upload(name="GGUF header check", dest=base.layout().bin("gguf_header.py"),
-                content=LINT_HEADER_SOURCE.read_bytes(), mode="644")
-    node.upload(name="GGUF lint script", dest=args["script"], content=LINT_SOURCE.read_bytes(),
-                mode="644")
+    node.upload(
+        name="GGUF header check",
+        dest=base.layout().bin("gguf_header.py"),
+        content=LINT_HEADER_SOURCE.read_bytes(),
+        mode="644",
+    )
+    node.upload(
+        name="GGUF lint script", dest=args["script"], content=LINT_SOURCE.read_bytes(), mode="644"
+    )
     ops.check_gguf(name="GGUF lint of the model file", **args)
 
 
@@ -130,28 +160,47 @@ def override_kv(model_dir: str):
     """() -> the lint's --override-kv value, read on the node when called (the template calls it
     while it renders: before execution for change detection, and at execution after the
     download)."""
+
     def read() -> str | None:
         lint = batch.get(host, GgufLint, **_lint_args(model_dir))
         return lint.flag if lint.state == "ok" else None
+
     return read
 
 
 @deploy("llama.cpp service")
 def service(built: Build, run: ModelRun) -> ServiceRun:
     lay = base.layout()
-    node.upload(name="Start preflight script (free VRAM/RAM)",
-                dest=lay.bin("servefleet-llama-preflight"),
-                content=open(PREFLIGHT_SCRIPT, "rb").read(), mode="755")
+    node.upload(
+        name="Start preflight script (free VRAM/RAM)",
+        dest=lay.bin("servefleet-llama-preflight"),
+        content=open(PREFLIGHT_SCRIPT, "rb").read(),
+        mode="755",
+    )
     key = serving.api_key()
     data = base.data()
     context = logic.unit_context(data, run.path, override_kv(run.path))
     probe = logic.probe_argv(data)
-    release_of = releases.build(engine=logic.ENGINE, version=data["llamacpp_tag"],
-                                prefix=built.prefix, unit=logic.UNIT, template=UNIT_TEMPLATE,
-                                context=context, model_dir=run.path, gate=gate_args(),
-                                probe_argv=probe, commit=data["llamacpp_commit"])
-    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of, probe,
-                           depends_on=[built.build, built.switch, run, key])
+    release_of = releases.build(
+        engine=logic.ENGINE,
+        version=data["llamacpp_tag"],
+        prefix=built.prefix,
+        unit=logic.UNIT,
+        template=UNIT_TEMPLATE,
+        context=context,
+        model_dir=run.path,
+        gate=gate_args(),
+        probe_argv=probe,
+        commit=data["llamacpp_commit"],
+    )
+    return systemd_service(
+        logic.UNIT,
+        UNIT_TEMPLATE,
+        context,
+        release_of,
+        probe,
+        depends_on=[built.build, built.switch, run, key],
+    )
 
 
 def gate_args() -> dict:

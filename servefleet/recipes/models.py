@@ -57,8 +57,13 @@ def resolve(repo_id: str, revision: str) -> str | None:
     if host.data.model_source == "depot":
         return depot_ops.ref_on_depot(depot_ops.locate(host.data.depot_host), repo_id, revision)
     try:
-        return hub_commit(host.data.hf_endpoint, repo_id, revision,
-                          operator_token(host.data, host.name), host.data.hub_timeout_seconds).sha
+        return hub_commit(
+            host.data.hf_endpoint,
+            repo_id,
+            revision,
+            operator_token(host.data, host.name),
+            host.data.hub_timeout_seconds,
+        ).sha
     except HubError:
         return None
 
@@ -73,12 +78,17 @@ def model_reads(dest: str) -> list:
     the fetcher (uploaded), the hub client in the tools venv or the depot's key, the token, the
     verified record."""
     lay = base.layout()
-    reads = [*base.upload_reads(lay.bin("servefleet-fetch-model")),
-             (VerifiedModel, record_args(host.data, dest))]
+    reads = [
+        *base.upload_reads(lay.bin("servefleet-fetch-model")),
+        (VerifiedModel, record_args(host.data, dest)),
+    ]
     reads.append((File, {"path": lay.hf_token_file}))
     if host.data.model_source == "hub":
-        reads += [(DistVersions, {"venv": lay.tools_venv, "names": tuple(base.MODEL_TOOLS)}),
-                  (File, {"path": lay.depot_key}), (File, {"path": lay.depot_known_hosts})]
+        reads += [
+            (DistVersions, {"venv": lay.tools_venv, "names": tuple(base.MODEL_TOOLS)}),
+            (File, {"path": lay.depot_key}),
+            (File, {"path": lay.depot_known_hosts}),
+        ]
     return reads
 
 
@@ -95,15 +105,25 @@ def _once(step: str) -> bool:
 def model_tools(source: str):
     """The fetcher, the hub client and token (hub) or the depot's key and host key (depot)."""
     lay = base.layout()
-    node.upload(name="Model fetch/verify script", dest=lay.bin("servefleet-fetch-model"),
-                content=open(FETCHER, "rb").read(), mode="755")
+    node.upload(
+        name="Model fetch/verify script",
+        dest=lay.bin("servefleet-fetch-model"),
+        content=open(FETCHER, "rb").read(),
+        mode="755",
+    )
     if source == "hub":
         base.tools(base.MODEL_TOOLS)
         token = operator_token(host.data, host.name)
         if token:
-            node.upload(name="Hub token (0400, the fetching service user's)",
-                        dest=lay.hf_token_file, content=token + "\n",
-                        owner=host.data.servefleet_user, group="root", mode="400", secret=True)
+            node.upload(
+                name="Hub token (0400, the fetching service user's)",
+                dest=lay.hf_token_file,
+                content=token + "\n",
+                owner=host.data.servefleet_user,
+                group="root",
+                mode="400",
+                secret=True,
+            )
         else:
             node.absent(name="No hub token (anonymous)", path=lay.hf_token_file)
         # A node switched from the depot keeps no fleet key it no longer uses.
@@ -113,23 +133,39 @@ def model_tools(source: str):
         node.absent(name="No hub token (depot source)", path=lay.hf_token_file)
         depot_ops.locate(host.data.depot_host)  # a bad depot_host stops the run here
         private, _ = fleet_key(host.data, host.name)
-        node.upload(name="Fleet key for the depot (0600)", dest=lay.depot_key, content=private,
-                    owner=host.data.servefleet_user, group="root", mode="400", secret=True)
-        depot_ops.known_hosts(name="Depot host key (known_hosts)", path=lay.depot_known_hosts,
-                              depot_host=host.data.depot_host)
+        node.upload(
+            name="Fleet key for the depot (0600)",
+            dest=lay.depot_key,
+            content=private,
+            owner=host.data.servefleet_user,
+            group="root",
+            mode="400",
+            secret=True,
+        )
+        depot_ops.known_hosts(
+            name="Depot host key (known_hosts)",
+            path=lay.depot_known_hosts,
+            depot_host=host.data.depot_host,
+        )
 
 
 def fetch_args(lay: NodeLayout, source: str) -> dict:
     """Everything fetch needs besides the model itself, from the layout and data."""
     token = operator_token(host.data, host.name) if source == "hub" else None
-    return {"fetcher": lay.bin("servefleet-fetch-model"), "python": lay.tools_python,
-            "root": lay.models_dir,
-            "user": host.data.servefleet_user, "margin_bytes": host.data.download_margin_bytes,
-            "hf": lay.tools_bin("hf"), "hf_home": lay.hf_home,
-            "token_file": lay.hf_token_file if token else None,
-            "depot_host": host.data.get("depot_host"), "depot_key": lay.depot_key,
-            "depot_known_hosts": lay.depot_known_hosts,
-            "bwlimit_kib": host.data.get("depot_bwlimit_kib")}
+    return {
+        "fetcher": lay.bin("servefleet-fetch-model"),
+        "python": lay.tools_python,
+        "root": lay.models_dir,
+        "user": host.data.servefleet_user,
+        "margin_bytes": host.data.download_margin_bytes,
+        "hf": lay.tools_bin("hf"),
+        "hf_home": lay.hf_home,
+        "token_file": lay.hf_token_file if token else None,
+        "depot_host": host.data.get("depot_host"),
+        "depot_key": lay.depot_key,
+        "depot_known_hosts": lay.depot_known_hosts,
+        "bwlimit_kib": host.data.get("depot_bwlimit_kib"),
+    }
 
 
 @deploy("Model")
@@ -150,7 +186,13 @@ def ensure_model(repo_id: str, revision: str, include: list[str]) -> ModelRun:
     dest = model_dir(repo_id, revision)
     fetch = model_ops.fetch(
         name=f"{repo_id}@{revision}: fetch and verify ({source})",
-        repo_id=repo_id, revision=revision, include=list(include), dest=dest, source=source,
-        request_file=lay.fetch_request(dest), record_file=lay.model_record(dest),
-        **fetch_args(lay, source))
+        repo_id=repo_id,
+        revision=revision,
+        include=list(include),
+        dest=dest,
+        source=source,
+        request_file=lay.fetch_request(dest),
+        record_file=lay.model_record(dest),
+        **fetch_args(lay, source),
+    )
     return ModelRun(fetch=fetch, path=dest)

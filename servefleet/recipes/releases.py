@@ -15,8 +15,18 @@ from servefleet.recipes import base
 from servefleet.core.systemd import render_unit
 
 
-def build(engine: str, version: str, prefix: str, unit: str, template: str, context: dict,
-          model_dir: str, gate: dict, probe_argv: list[str], commit: str | None = None):
+def build(
+    engine: str,
+    version: str,
+    prefix: str,
+    unit: str,
+    template: str,
+    context: dict,
+    model_dir: str,
+    gate: dict,
+    probe_argv: list[str],
+    commit: str | None = None,
+):
     """() -> Release, read when the record operation runs (the model's sha from its record).
     gate: the release's health check (a rollout gates it, after a rollback too).
     probe_argv: the unit's sandbox probe (a rollback to this release runs it first)."""
@@ -24,11 +34,21 @@ def build(engine: str, version: str, prefix: str, unit: str, template: str, cont
 
     def release() -> Release:
         record = batch.get(host, VerifiedModel, **record_args(host.data, model_dir)) or {}
-        return Release(engine=engine, version=version, prefix=prefix, unit=unit,
-                       unit_text=render_unit(template, context), model_repo=data["model_repo"],
-                       model_revision=data["model_revision"], model_sha=record.get("sha"),
-                       model_dir=model_dir, data_digest=serving_digest(data), commit=commit,
-                       gate=gate, probe_argv=tuple(probe_argv))
+        return Release(
+            engine=engine,
+            version=version,
+            prefix=prefix,
+            unit=unit,
+            unit_text=render_unit(template, context),
+            model_repo=data["model_repo"],
+            model_revision=data["model_revision"],
+            model_sha=record.get("sha"),
+            model_dir=model_dir,
+            data_digest=serving_digest(data),
+            commit=commit,
+            gate=gate,
+            probe_argv=tuple(probe_argv),
+        )
 
     return release
 
@@ -38,8 +58,12 @@ def record(release_of) -> object:
     """The node's current release, recorded; directories of releases beyond releases_keep go."""
     lay: NodeLayout = base.layout()
     return release_ops.record(
-        name="Record the release", releases_file=lay.releases_file, release=release_of,
-        keep=host.data.releases_keep, bounds=[lay.venvs_dir, lay.llama_dir, lay.models_dir])
+        name="Record the release",
+        releases_file=lay.releases_file,
+        release=release_of,
+        keep=host.data.releases_keep,
+        bounds=[lay.venvs_dir, lay.llama_dir, lay.models_dir],
+    )
 
 
 @deploy("Rollback")
@@ -47,6 +71,11 @@ def rollback(force_previous: bool):
     """Serve the previous release again: its unit, build and model are on the node (kept by
     releases_keep); nothing is downloaded or built. The caller checks health afterwards."""
     lay: NodeLayout = base.layout()
-    release_ops.rollback(name="Serve the previous release", releases_file=lay.releases_file,
-                         running_file=lay.running_file, unit_dir=UNIT_DIR,
-                         llama_current=lay.llama_current, force_previous=force_previous)
+    release_ops.rollback(
+        name="Serve the previous release",
+        releases_file=lay.releases_file,
+        running_file=lay.running_file,
+        unit_dir=UNIT_DIR,
+        llama_current=lay.llama_current,
+        force_previous=force_previous,
+    )

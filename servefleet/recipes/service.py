@@ -56,13 +56,16 @@ class AnyChanged:
 def _restart_or_show_journal(unit: str) -> str:
     # A failed (re)start names its cause: the unit's last journal lines go to pyinfra's output.
     q = shlex.quote(unit)
-    return (f"systemctl restart {q} || {{ echo 'servefleet: {unit} failed to start; its journal:'"
-            f" >&2; journalctl -u {q} -n 40 --no-pager >&2; exit 1; }}")
+    return (
+        f"systemctl restart {q} || {{ echo 'servefleet: {unit} failed to start; its journal:'"
+        f" >&2; journalctl -u {q} -n 40 --no-pager >&2; exit 1; }}"
+    )
 
 
 @deploy("Service")
-def systemd_service(unit: str, template: str, context: dict, release_of, probe_argv: list,
-                    depends_on: list = ()) -> ServiceRun:
+def systemd_service(
+    unit: str, template: str, context: dict, release_of, probe_argv: list, depends_on: list = ()
+) -> ServiceRun:
     """
     Install `/etc/systemd/system/{unit}` from a template and keep it as data says.
 
@@ -88,26 +91,43 @@ def systemd_service(unit: str, template: str, context: dict, release_of, probe_a
 
     # A (re)start follows: try the sandbox first, so a setting that stops the engine fails this
     # host before the unit is replaced and the running service is left as it was.
-    sandbox.probe(name=f"Sandbox probe of {unit} (before the restart)", unit=unit,
-                  user=context["service_user"], properties=context["sandbox"],
-                  environment=context["environment"], argv=probe_argv,
-                  gpu=bool(context["gpu_setup"]),
-                  _if=lambda: running and (unit_differs() or stale()
-                                           or any(d.did_change() for d in depends_on)))
-    unit_op = node.upload(name=f"Unit {unit}", dest=unit_path,
-                          content=lambda: render_unit(template, context), mode="644")
+    sandbox.probe(
+        name=f"Sandbox probe of {unit} (before the restart)",
+        unit=unit,
+        user=context["service_user"],
+        properties=context["sandbox"],
+        environment=context["environment"],
+        argv=probe_argv,
+        gpu=bool(context["gpu_setup"]),
+        _if=lambda: (
+            running and (unit_differs() or stale() or any(d.did_change() for d in depends_on))
+        ),
+    )
+    unit_op = node.upload(
+        name=f"Unit {unit}",
+        dest=unit_path,
+        content=lambda: render_unit(template, context),
+        mode="644",
+    )
     # What is installed is recorded before the restart: a failed start leaves it recorded (and
     # not running.json), which is how a rollback knows to go back from it.
     releases.record(release_of)
     systemd.daemon_reload(name="Reload systemd (unit changed)", _if=unit_op.did_change)
-    ensure = node.service(name=f"{unit} {host.data.service_state}", unit=unit,
-                          running=running, enabled=host.data.service_enabled)
+    ensure = node.service(
+        name=f"{unit} {host.data.service_state}",
+        unit=unit,
+        running=running,
+        enabled=host.data.service_enabled,
+    )
     deps = [unit_op, *depends_on]
     restart = server.shell(
-        name=f"Restart {unit} (a dependency changed)", commands=[_restart_or_show_journal(unit)],
+        name=f"Restart {unit} (a dependency changed)",
+        commands=[_restart_or_show_journal(unit)],
         # Not when stopped by data, and not twice when `ensure` has just started it.
-        _if=lambda: running and not ensure.did_change()
-        and (any(d.did_change() for d in deps) or stale()),
+        _if=lambda: (
+            running and not ensure.did_change() and (any(d.did_change() for d in deps) or stale())
+        ),
     )
-    return ServiceRun(unit=unit_op, ensure=ensure, restart=restart, running=running,
-                      release_of=release_of)
+    return ServiceRun(
+        unit=unit_op, ensure=ensure, restart=restart, running=running, release_of=release_of
+    )

@@ -31,9 +31,12 @@ def service_reads(lay: NodeLayout, unit: str) -> list:
     """The reads of a serving recipe's plan about its service: the release records, the running
     release, and what the drift check reads besides (servefleet.verbs.deep_drift: the unit's
     hash and state), so drift sends no more commands than a no-op converge."""
-    return [(NodeReleases, {"path": lay.releases_file}),
-            (RunningRelease, {"path": lay.running_file}),
-            (Sha1File, {"path": lay.unit_path(unit)}), (UnitState, {"unit": unit})]
+    return [
+        (NodeReleases, {"path": lay.releases_file}),
+        (RunningRelease, {"path": lay.running_file}),
+        (Sha1File, {"path": lay.unit_path(unit)}),
+        (UnitState, {"unit": unit}),
+    ]
 
 
 def api_key(env_file: str | None = None, env_var: str | None = None) -> object:
@@ -45,11 +48,25 @@ def api_key(env_file: str | None = None, env_var: str | None = None) -> object:
     if not data.get("api_key_file"):
         return AnyChanged([node.absent(name=f"No API key file {p}", path=p) for p in files])
     key = read_secret(data["api_key_file"])
-    ops = [node.upload(name=f"API key -> {lay.api_key_file} (0600)", dest=lay.api_key_file,
-                       content=key + "\n", mode="600", secret=True)]
+    ops = [
+        node.upload(
+            name=f"API key -> {lay.api_key_file} (0600)",
+            dest=lay.api_key_file,
+            content=key + "\n",
+            mode="600",
+            secret=True,
+        )
+    ]
     if env_file:
-        ops.append(node.upload(name=f"API key -> {env_file} (0600)", dest=env_file,
-                               content=f"{env_var}={key}\n", mode="600", secret=True))
+        ops.append(
+            node.upload(
+                name=f"API key -> {env_file} (0600)",
+                dest=env_file,
+                content=f"{env_var}={key}\n",
+                mode="600",
+                secret=True,
+            )
+        )
     return AnyChanged(ops)
 
 
@@ -57,21 +74,40 @@ def gate_args(unit: str, **engine) -> dict:
     """The health check's arguments for this host (also a rollout's gate); `engine`: what one
     engine adds (servefleet.operations.health.check's other parameters)."""
     data, lay = base.data(), base.layout()
-    return {"script": lay.bin("servefleet-health"), "python": base.python(),
-            "url": api_url(data), "model": data["served_model_name"], "unit": unit,
-            "key_file": lay.api_key_file if data.get("api_key_file") else None,
-            "timeout_s": data["health_timeout_s"], "settle_s": data["health_settle_s"],
-            "expect_stopped": data["service_state"] != "running", **engine}
+    return {
+        "script": lay.bin("servefleet-health"),
+        "python": base.python(),
+        "url": api_url(data),
+        "model": data["served_model_name"],
+        "unit": unit,
+        "key_file": lay.api_key_file if data.get("api_key_file") else None,
+        "timeout_s": data["health_timeout_s"],
+        "settle_s": data["health_settle_s"],
+        "expect_stopped": data["service_state"] != "running",
+        **engine,
+    }
 
 
 def health(label: str, svc: ServiceRun, gate: dict) -> None:
     """Only when the service was (re)started in this run: the gate, then the running release
     recorded (state/running.json: what a later run compares with what it installs)."""
     lay = base.layout()
-    node.upload(name="Engine answer reader", dest=lay.bin(ENGINE_CLIENT_NAME),
-                content=open(ENGINE_CLIENT, "rb").read(), mode="644")
-    node.upload(name="Health check script", dest=lay.bin("servefleet-health"),
-                content=open(HEALTH_SCRIPT, "rb").read(), mode="755")
+    node.upload(
+        name="Engine answer reader",
+        dest=lay.bin(ENGINE_CLIENT_NAME),
+        content=open(ENGINE_CLIENT, "rb").read(),
+        mode="644",
+    )
+    node.upload(
+        name="Health check script",
+        dest=lay.bin("servefleet-health"),
+        content=open(HEALTH_SCRIPT, "rb").read(),
+        mode="755",
+    )
     health_ops.check(name=label, **gate, _if=svc.started)
-    release_ops.mark_running(name="The running release", running_file=lay.running_file,
-                             release=svc.release_of, _if=svc.started)
+    release_ops.mark_running(
+        name="The running release",
+        running_file=lay.running_file,
+        release=svc.release_of,
+        _if=svc.started,
+    )

@@ -41,8 +41,10 @@ def remove_tree(purge_models: bool = False):
         keep |= {lay.models_dir, lay.depot_dir}
     for entry in host.get_fact(DirEntries, path=lay.root):
         if node_output.shown(entry) != entry:  # no command can name it: every entry at once
-            server.shell(name=f"Remove every entry of {lay.root} but the models",
-                         commands=[_remove_all_but(lay.root, keep)])
+            server.shell(
+                name=f"Remove every entry of {lay.root} but the models",
+                commands=[_remove_all_but(lay.root, keep)],
+            )
             break
         path = f"{lay.root}/{entry}"
         if path in keep or any(inside(k, path) for k in keep):
@@ -51,22 +53,31 @@ def remove_tree(purge_models: bool = False):
     if purge_models and not inside(lay.models_dir, lay.root):
         for entry in host.get_fact(DirEntries, path=lay.models_dir):
             if node_output.shown(entry) != entry:  # a name with bytes no command can name
-                server.shell(name=f"Remove every entry of {lay.models_dir}",
-                             commands=[_remove_all_but(lay.models_dir,
-                                                       {lay.own_marker(lay.models_dir)})])
+                server.shell(
+                    name=f"Remove every entry of {lay.models_dir}",
+                    commands=[_remove_all_but(lay.models_dir, {lay.own_marker(lay.models_dir)})],
+                )
                 break
             if f"{lay.models_dir}/{entry}" == lay.own_marker(lay.models_dir):
                 continue
-            files.directory(name=f"Remove {lay.models_dir}/{entry}",
-                            path=f"{lay.models_dir}/{entry}", present=False)
+            files.directory(
+                name=f"Remove {lay.models_dir}/{entry}",
+                path=f"{lay.models_dir}/{entry}",
+                present=False,
+            )
 
 
 def _remove_all_but(directory: str, keep: set[str]) -> str:
     """Every entry directly under directory, whatever bytes its name holds, but the kept
     paths (find names them itself; nothing of theirs passes through a command line)."""
     q = shlex.quote
-    children = {f"{directory}/{k[len(directory) + 1:].split('/')[0]}" for k in keep
-                if inside(k, directory) and k != directory}  # the entry that holds a kept path
+    children = {
+        f"{directory}/{k[len(directory) + 1 :].split('/')[0]}"
+        for k in keep
+        if inside(k, directory) and k != directory
+    }  # the entry that holds a kept path
     spared = " ".join(f"! -path {q(c)}" for c in sorted(children))
-    return (f"find {q(directory)} -mindepth 1 -maxdepth 1 {spared} "
-            "-exec rm -rf --one-file-system -- {} +")
+    return (
+        f"find {q(directory)} -mindepth 1 -maxdepth 1 {spared} "
+        "-exec rm -rf --one-file-system -- {} +"
+    )

@@ -24,7 +24,13 @@ from servefleet.core import vllm as logic
 from servefleet.core.python_env import source_args
 from servefleet.facts.models import VerifiedModel
 from servefleet.facts.node import MemoryBytes, PathStat
-from servefleet.facts.vllm import DistVersions, SafetensorsBytes, TorchCuda, VllmModelFile, VllmVersion
+from servefleet.facts.vllm import (
+    DistVersions,
+    SafetensorsBytes,
+    TorchCuda,
+    VllmModelFile,
+    VllmVersion,
+)
 from servefleet.facts import batch
 from servefleet.operations import node, pyenv, vllm_patch, vllm_preflight
 from servefleet.recipes import base, releases, serving
@@ -41,22 +47,30 @@ def plan_reads() -> None:
     data, lay = base.data(), base.layout()
     venv = logic.venv_path(data)
     model = model_dir(data["model_repo"], data["model_revision"])
-    batch.plan(host, [
-        (PathStat, {"path": f"{venv}/pyvenv.cfg"}), (PathStat, {"path": f"{venv}/.lock"}),
-        (DistVersions, {"venv": venv, "names": tuple(logic.pins(data))}),
-        (TorchCuda, {"venv": venv}),
-        (VllmVersion, {"venv": venv}),
-        (VllmModelFile, {"venv": venv, "filename": vllm_patch.MODEL_FILE}),
-        *model_reads(model),
-        *vllm_preflight.model_file_reads(model, data["servefleet_user"]),
-        (SafetensorsBytes, {"path": model, "user": data["servefleet_user"]}), (MemoryBytes, {}),
-        *base.upload_reads(lay.bin("servefleet-evict-page-cache"), lay.bin("servefleet-health"),
-                           lay.bin(serving.ENGINE_CLIENT_NAME),
-                           lay.unit_path(logic.UNIT)),
-        *[(File, {"path": p}) for p in (lay.api_key_file, lay.vllm_env_file)],
-        *([(File, {"path": data["vllm_executable"]})] if data.get("vllm_executable") else []),
-        *serving.service_reads(lay, logic.UNIT),
-    ])
+    batch.plan(
+        host,
+        [
+            (PathStat, {"path": f"{venv}/pyvenv.cfg"}),
+            (PathStat, {"path": f"{venv}/.lock"}),
+            (DistVersions, {"venv": venv, "names": tuple(logic.pins(data))}),
+            (TorchCuda, {"venv": venv}),
+            (VllmVersion, {"venv": venv}),
+            (VllmModelFile, {"venv": venv, "filename": vllm_patch.MODEL_FILE}),
+            *model_reads(model),
+            *vllm_preflight.model_file_reads(model, data["servefleet_user"]),
+            (SafetensorsBytes, {"path": model, "user": data["servefleet_user"]}),
+            (MemoryBytes, {}),
+            *base.upload_reads(
+                lay.bin("servefleet-evict-page-cache"),
+                lay.bin("servefleet-health"),
+                lay.bin(serving.ENGINE_CLIENT_NAME),
+                lay.unit_path(logic.UNIT),
+            ),
+            *[(File, {"path": p}) for p in (lay.api_key_file, lay.vllm_env_file)],
+            *([(File, {"path": data["vllm_executable"]})] if data.get("vllm_executable") else []),
+            *serving.service_reads(lay, logic.UNIT),
+        ],
+    )
 
 
 base.PLANS["serve_bf16"] = plan_reads
@@ -74,16 +88,28 @@ def python_env() -> PythonEnv:
     data, lay = base.data(), base.layout()
     venv = logic.venv_path(data)
     uv = lay.tools_bin("uv")
-    create = pyenv.venv(name=f"venv {venv} (uv)", path=venv, uv=uv, python=base.python(),
-                        env=logic.uv_env(data))
+    create = pyenv.venv(
+        name=f"venv {venv} (uv)", path=venv, uv=uv, python=base.python(), env=logic.uv_env(data)
+    )
     install = pyenv.packages(
         name=f"torch=={data['torch_version']} vllm=={data['vllm_version']}, read back",
-        venv=venv, uv=uv, pins=logic.pins(data), torch_cuda=data["torch_cuda"],
-        sources=source_args(data), no_deps=data["python_no_deps"], env=logic.uv_env(data))
+        venv=venv,
+        uv=uv,
+        pins=logic.pins(data),
+        torch_cuda=data["torch_cuda"],
+        sources=source_args(data),
+        no_deps=data["python_no_deps"],
+        env=logic.uv_env(data),
+    )
     # uv leaves its install lock in the venv, writable by all: root runs this venv's vllm and
     # python, so nothing in it may be writable by anyone but root.
-    node.owned_file(name=f"{venv}/.lock: root's, 0644", path=f"{venv}/.lock", user="root",
-                    group="root", mode="644")
+    node.owned_file(
+        name=f"{venv}/.lock: root's, 0644",
+        path=f"{venv}/.lock",
+        user="root",
+        group="root",
+        mode="644",
+    )
     return PythonEnv(venv=venv, create=create, install=install)
 
 
@@ -91,21 +117,29 @@ def python_env() -> PythonEnv:
 def patch(env: PythonEnv):
     """The language-model-only patch (servefleet.operations.vllm_patch), or vLLM's own file."""
     if host.data.vllm_patch:
-        return vllm_patch.apply(name="qwen3_5.py: no vision tower with --language-model-only",
-                                venv=env.venv, workdir=base.layout().bin_dir)
-    return vllm_patch.revert(name="qwen3_5.py: vLLM's own file (vllm_patch = False)",
-                             venv=env.venv)
+        return vllm_patch.apply(
+            name="qwen3_5.py: no vision tower with --language-model-only",
+            venv=env.venv,
+            workdir=base.layout().bin_dir,
+        )
+    return vllm_patch.revert(name="qwen3_5.py: vLLM's own file (vllm_patch = False)", venv=env.venv)
 
 
 @deploy("Model")
 def model() -> ModelRun:
     """The checkpoint on the node, then its lint against the recipe (fails this host only)."""
     data = base.data()
-    run = ensure_model(repo_id=data["model_repo"], revision=data["model_revision"],
-                       include=list(data["model_include"]))
-    vllm_preflight.checkpoint_lint(name="Lint the checkpoint against the recipe", path=run.path,
-                                   language_model_only=data["language_model_only"],
-                                   user=data["servefleet_user"])
+    run = ensure_model(
+        repo_id=data["model_repo"],
+        revision=data["model_revision"],
+        include=list(data["model_include"]),
+    )
+    vllm_preflight.checkpoint_lint(
+        name="Lint the checkpoint against the recipe",
+        path=run.path,
+        language_model_only=data["language_model_only"],
+        user=data["servefleet_user"],
+    )
     return run
 
 
@@ -114,13 +148,20 @@ def page_cache(run: ModelRun, depends_on: list):
     """Evict the model's files from the page cache when policy says so and something changed."""
     data, lay = base.data(), base.layout()
     script = lay.bin("servefleet-evict-page-cache")
-    node.upload(name="Page-cache eviction script", dest=script,
-                content=open(EVICT_SCRIPT, "rb").read(), mode="755")
+    node.upload(
+        name="Page-cache eviction script",
+        dest=script,
+        content=open(EVICT_SCRIPT, "rb").read(),
+        mode="755",
+    )
     applies = logic.page_cache_applies(data)
     deps = [run, *depends_on]
     return vllm_preflight.evict_page_cache(
         name=f"Evict {run.path} from the page cache (policy {data['page_cache_policy']})",
-        path=run.path, script=script, user=data["servefleet_user"], python=base.python(),
+        path=run.path,
+        script=script,
+        user=data["servefleet_user"],
+        python=base.python(),
         record=lay.page_cache_record,
         drop_caches=data["page_cache_drop_global"],
         _if=lambda: applies and any(d.did_change() for d in deps),
@@ -130,8 +171,9 @@ def page_cache(run: ModelRun, depends_on: list):
 @deploy("Memory preflight")
 def memory_preflight(run: ModelRun):
     data = base.data()
-    vllm_preflight.memory_preflight(name="plan-kv and memory budget", path=run.path, data=data,
-                                    user=data["servefleet_user"])
+    vllm_preflight.memory_preflight(
+        name="plan-kv and memory budget", path=run.path, data=data, user=data["servefleet_user"]
+    )
 
 
 @deploy("vLLM service")
@@ -141,12 +183,26 @@ def service(env: PythonEnv, run: ModelRun, depends_on: list) -> ServiceRun:
     key = serving.api_key(base.layout().vllm_env_file, "VLLM_API_KEY")
     context = logic.unit_context(data, run.path)
     probe = logic.probe_argv(data)
-    release_of = releases.build(engine=logic.ENGINE, version=data["vllm_version"], prefix=env.venv,
-                                unit=logic.UNIT, template=UNIT_TEMPLATE, context=context,
-                                model_dir=run.path, gate=gate_args(run.path), probe_argv=probe)
+    release_of = releases.build(
+        engine=logic.ENGINE,
+        version=data["vllm_version"],
+        prefix=env.venv,
+        unit=logic.UNIT,
+        template=UNIT_TEMPLATE,
+        context=context,
+        model_dir=run.path,
+        gate=gate_args(run.path),
+        probe_argv=probe,
+    )
     # Positional: `name=` would be taken by pyinfra as the deploy's display name.
-    return systemd_service(logic.UNIT, UNIT_TEMPLATE, context, release_of, probe,
-                           depends_on=[env.create, env.install, *depends_on, run, key])
+    return systemd_service(
+        logic.UNIT,
+        UNIT_TEMPLATE,
+        context,
+        release_of,
+        probe,
+        depends_on=[env.create, env.install, *depends_on, run, key],
+    )
 
 
 def executable_check(data) -> None:
@@ -158,8 +214,11 @@ def executable_check(data) -> None:
 @deploy("vLLM health")
 def health(run: ModelRun, svc: ServiceRun):
     """Only when the service was (re)started in this run: /health, KV lines, a chat, settle."""
-    serving.health("vLLM /health, KV cache log vs plan-kv, one chat completion, settle", svc,
-                   gate_args(run.path))
+    serving.health(
+        "vLLM /health, KV cache log vs plan-kv, one chat completion, settle",
+        svc,
+        gate_args(run.path),
+    )
 
 
 def gate_args(model_path: str) -> dict:
@@ -167,7 +226,11 @@ def gate_args(model_path: str) -> dict:
     the KV comparison with plan-kv, read from the checkpoint's config.json as the service user."""
     data = base.data()
     return serving.gate_args(
-        logic.UNIT, kv_config=f"{model_path}/config.json",
-        kv_data={k: data[k] for k in ("max_model_len", "kv_cache_memory_bytes",
-                                      "kv_block_alignment")},
-        engine_version=data["vllm_version"], kv_user=data["servefleet_user"])
+        logic.UNIT,
+        kv_config=f"{model_path}/config.json",
+        kv_data={
+            k: data[k] for k in ("max_model_len", "kv_cache_memory_bytes", "kv_block_alignment")
+        },
+        engine_version=data["vllm_version"],
+        kv_user=data["servefleet_user"],
+    )

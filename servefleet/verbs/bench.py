@@ -52,12 +52,25 @@ def bench_host(host, runs: int, prompt_tokens: int, max_tokens: int) -> NodeResu
     data = host.data.dict()
     lay = NodeLayout.of(data)
     script = lay.bin("servefleet-stream-bench")
-    if not put(host.state, host, lay.bin(ENGINE_CLIENT_NAME), Path(ENGINE_CLIENT).read_bytes()) \
-            or not put(host.state, host, script, SCRIPT.read_bytes(), mode="755"):
+    if not put(
+        host.state, host, lay.bin(ENGINE_CLIENT_NAME), Path(ENGINE_CLIENT).read_bytes()
+    ) or not put(host.state, host, script, SCRIPT.read_bytes(), mode="755"):
         return NodeResult(host.name, False, "could not upload the bench script")
-    args = [python(), "-I", script, "--url", api_url(data), "--runs", str(runs),
-            "--prompt-tokens", str(prompt_tokens), "--max-tokens", str(max_tokens),
-            "--timeout", str(BENCH_TIMEOUT_S)]
+    args = [
+        python(),
+        "-I",
+        script,
+        "--url",
+        api_url(data),
+        "--runs",
+        str(runs),
+        "--prompt-tokens",
+        str(prompt_tokens),
+        "--max-tokens",
+        str(max_tokens),
+        "--timeout",
+        str(BENCH_TIMEOUT_S),
+    ]
     if data.get("served_model_name"):
         args += ["--model", data["served_model_name"]]
     # The key the node serves with, read there (the operator may not hold the key file).
@@ -82,9 +95,17 @@ def read_result(name: str, data, ok: bool, out: str, err: str) -> NodeResult:
     if why:  # never a figure that passes: the gate measures again, then is inconclusive
         return NodeResult(name, False, f"not measured: {why}", runs=raw["runs"])
     prompt = raw.get("prompt_tokens")
-    return NodeResult(name, True, None,
-                      prompt if isinstance(prompt, int) and not isinstance(prompt, bool) else None,
-                      ttft, decode, top, decode / top if top else None, raw["runs"])
+    return NodeResult(
+        name,
+        True,
+        None,
+        prompt if isinstance(prompt, int) and not isinstance(prompt, bool) else None,
+        ttft,
+        decode,
+        top,
+        decode / top if top else None,
+        raw["runs"],
+    )
 
 
 def unmeasured(raw: dict, decode, ttft) -> str | None:
@@ -114,8 +135,11 @@ def result_line(out: str) -> dict | str:
         raw = json.loads(line, parse_constant=constant)
     except (ValueError, RecursionError) as exc:
         return f"the bench printed no JSON result ({str(exc)[:80]})"
-    if not isinstance(raw, dict) or not isinstance(raw.get("runs"), list) \
-            or not all(isinstance(r, dict) for r in raw["runs"]):
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("runs"), list)
+        or not all(isinstance(r, dict) for r in raw["runs"])
+    ):
         return "the bench's result has no list of runs"
     return raw
 
@@ -125,8 +149,11 @@ def bench(inventory: str, limit=None, runs=5, prompt_tokens=2048, max_tokens=256
         results = sess.each(lambda h: bench_host(h, runs, prompt_tokens, max_tokens))
         out = [NodeResult(n, False, why, unreachable=True) for n, why in sess.unreachable.items()]
         for name, res in results.items():
-            out.append(res if isinstance(res, NodeResult)
-                       else NodeResult(name, False, f"{type(res).__name__}: {res}"))
+            out.append(
+                res
+                if isinstance(res, NodeResult)
+                else NodeResult(name, False, f"{type(res).__name__}: {res}")
+            )
     return sorted(out, key=lambda r: r.host)
 
 
@@ -150,26 +177,40 @@ def compare_host(host, runs=None, prompt_tokens=None, max_tokens=None) -> Compar
     w = perf.Workload(runs or w.runs, prompt_tokens or w.prompt_tokens, max_tokens or w.max_tokens)
     records = host.get_fact(NodeReleases, path=NodeLayout.of(host.data).releases_file)
     prev = records.previous_release
-    out = Comparison(host.name, False, release=records.current.short if records.current else None,
-                     previous_release=prev.short if prev else None,
-                     previous=prev.perf if prev else None)
+    out = Comparison(
+        host.name,
+        False,
+        release=records.current.short if records.current else None,
+        previous_release=prev.short if prev else None,
+        previous=prev.perf if prev else None,
+    )
     started = time.monotonic()
     res = bench_host(host, w.runs, w.prompt_tokens, w.max_tokens)
     if not res.ok:
         out.error = res.error
         return out
-    raw = {"median_decode_tok_s": res.median_decode_tok_s, "median_ttft_s": res.median_ttft_s,
-           "runs": res.runs}
-    now = perf.figures(raw, w, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "bench", "",
-                       time.monotonic() - started)
+    raw = {
+        "median_decode_tok_s": res.median_decode_tok_s,
+        "median_ttft_s": res.median_ttft_s,
+        "runs": res.runs,
+    }
+    now = perf.figures(
+        raw,
+        w,
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "bench",
+        "",
+        time.monotonic() - started,
+    )
     if isinstance(now, str):
         out.error = now
         return out
     out.ok, out.now = True, now.to_json()
     then = perf.Figures.from_json(out.previous)
     if then is None:
-        out.lines = ["no figures recorded for the previous release" if prev
-                     else "no previous release"]
+        out.lines = [
+            "no figures recorded for the previous release" if prev else "no previous release"
+        ]
         return out
     verdict = perf.compare(then, now, settings.thresholds)
     out.lines, out.slower = list(verdict.lines), bool(verdict.failed)
@@ -183,6 +224,9 @@ def compare(inventory: str, limit=None, runs=None, prompt_tokens=None, max_token
         results = sess.each(lambda h: compare_host(h, runs, prompt_tokens, max_tokens))
         out = [Comparison(n, False, why, unreachable=True) for n, why in sess.unreachable.items()]
         for name, res in results.items():
-            out.append(res if isinstance(res, Comparison)
-                       else Comparison(name, False, f"{type(res).__name__}: {res}"))
+            out.append(
+                res
+                if isinstance(res, Comparison)
+                else Comparison(name, False, f"{type(res).__name__}: {res}")
+            )
     return sorted(out, key=lambda r: r.host)

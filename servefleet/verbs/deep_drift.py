@@ -21,7 +21,13 @@ from servefleet.core import drift_items as di
 from servefleet.core import llamacpp as llama_logic
 from servefleet.core import vllm as vllm_logic
 from servefleet.core.layout import NodeLayout
-from servefleet.core.models import SHA_RE, HubError, hub_commit, invalid_record_reason, operator_token
+from servefleet.core.models import (
+    SHA_RE,
+    HubError,
+    hub_commit,
+    invalid_record_reason,
+    operator_token,
+)
 from servefleet.facts import batch
 from servefleet.facts.llamacpp import LlamaBuilds
 from servefleet.facts.files import RegularFileSha256
@@ -46,31 +52,64 @@ def known_hashes() -> dict[str, str]:
     return known
 
 
-def patch_items(pinned: str, patch_wanted: bool, path: str | None, sha: str | None,
-                orig_sha: str | None, known: dict[str, str]) -> list[di.Item]:
+def patch_items(
+    pinned: str,
+    patch_wanted: bool,
+    path: str | None,
+    sha: str | None,
+    orig_sha: str | None,
+    known: dict[str, str],
+) -> list[di.Item]:
     """qwen3_5.py and its .orig against the hashes recorded for the pinned vLLM version."""
     rec = vllm_patch.recorded_patch(pinned)
     name, item, describe = vllm_patch.MODEL_FILE, di.item, di.describe_sha
     if rec is None:
-        return [item(f"{name} (vLLM patch)", False,
-                     f"a patch recorded for vLLM {pinned} in files/patches/vllm/",
-                     f"none recorded (recorded: {', '.join(vllm_patch.recorded_versions())})")]
+        return [
+            item(
+                f"{name} (vLLM patch)",
+                False,
+                f"a patch recorded for vLLM {pinned} in files/patches/vllm/",
+                f"none recorded (recorded: {', '.join(vllm_patch.recorded_versions())})",
+            )
+        ]
     if path is None:
         want = rec.patched_sha256 if patch_wanted else rec.pristine_sha256
-        return [item(f"{name} (vLLM patch)", False, describe(want, known),
-                     f"no {name} in the venv (vLLM missing?)")]
+        return [
+            item(
+                f"{name} (vLLM patch)",
+                False,
+                describe(want, known),
+                f"no {name} in the venv (vLLM missing?)",
+            )
+        ]
     if patch_wanted:
         return [
-            item(f"{name} (vLLM patch)", sha == rec.patched_sha256,
-                 describe(rec.patched_sha256, known), describe(sha, known)),
-            item(f"{name}.orig (pristine backup)", orig_sha == rec.pristine_sha256,
-                 describe(rec.pristine_sha256, known), describe(orig_sha, known)),
+            item(
+                f"{name} (vLLM patch)",
+                sha == rec.patched_sha256,
+                describe(rec.patched_sha256, known),
+                describe(sha, known),
+            ),
+            item(
+                f"{name}.orig (pristine backup)",
+                orig_sha == rec.pristine_sha256,
+                describe(rec.pristine_sha256, known),
+                describe(orig_sha, known),
+            ),
         ]
     return [
-        item(f"{name} (vLLM's own, vllm_patch = False)", sha == rec.pristine_sha256,
-             describe(rec.pristine_sha256, known), describe(sha, known)),
-        item(f"{name}.orig (none when unpatched)", orig_sha is None, "absent",
-             describe(orig_sha, known)),
+        item(
+            f"{name} (vLLM's own, vllm_patch = False)",
+            sha == rec.pristine_sha256,
+            describe(rec.pristine_sha256, known),
+            describe(sha, known),
+        ),
+        item(
+            f"{name}.orig (none when unpatched)",
+            orig_sha is None,
+            "absent",
+            describe(orig_sha, known),
+        ),
     ]
 
 
@@ -78,9 +117,11 @@ def recipe_loaded(host, unit: str) -> bool:
     """Did the deploy just loaded plan the recipe's unit (`Unit <unit>`) on this host?"""
     state = host.state
     target = f"Unit {unit}"
-    return any(name.rsplit(" | ", 1)[-1] == target
-               for op_hash in state.ops.get(host, {})
-               for name in state.op_meta[op_hash].names)
+    return any(
+        name.rsplit(" | ", 1)[-1] == target
+        for op_hash in state.ops.get(host, {})
+        for name in state.op_meta[op_hash].names
+    )
 
 
 def unit_item(host, unit: str, template: str, context: dict) -> di.Item:
@@ -89,8 +130,12 @@ def unit_item(host, unit: str, template: str, context: dict) -> di.Item:
     label = f"{template} rendered for {host.name}"
     if batch.get(host, Sha1File, path=path) == di.sha1_text(rendered):
         return di.item(f"unit {path}", True, label, "same content")
-    return di.item(f"unit {path}", False, label,
-                   di.unit_diff(rendered, batch.get(host, FileContents, path=path), path))
+    return di.item(
+        f"unit {path}",
+        False,
+        label,
+        di.unit_diff(rendered, batch.get(host, FileContents, path=path), path),
+    )
 
 
 def model_item(host, data, include: list[str], dest: str) -> di.Item:
@@ -101,8 +146,13 @@ def model_item(host, data, include: list[str], dest: str) -> di.Item:
     resolved = None
     if not SHA_RE.fullmatch(revision) and data.get("model_source", "hub") == "hub":
         try:  # the same call as the fetch operation's: answered from its cache, no request
-            resolved = hub_commit(data["hf_endpoint"], repo, revision,
-                                  operator_token(data, host.name), data["hub_timeout_seconds"]).sha
+            resolved = hub_commit(
+                data["hf_endpoint"],
+                repo,
+                revision,
+                operator_token(data, host.name),
+                data["hub_timeout_seconds"],
+            ).sha
         except HubError:
             resolved = None  # the fetch operation reports it
     return di.model_item(repo, revision, include, dest, record, resolved, why)
@@ -110,8 +160,9 @@ def model_item(host, data, include: list[str], dest: str) -> di.Item:
 
 def service_and_release(host, data, unit: str) -> list[di.Item]:
     st = batch.get(host, UnitState, unit=unit)
-    items = di.service_items(unit, data["service_state"], data["service_enabled"], st["active"],
-                             st["enabled"])
+    items = di.service_items(
+        unit, data["service_state"], data["service_enabled"], st["active"], st["enabled"]
+    )
     lay = NodeLayout.of(data)
     records = batch.get(host, NodeReleases, path=lay.releases_file)
     running = batch.get(host, RunningRelease, path=lay.running_file)
@@ -135,12 +186,14 @@ def vllm_items(host) -> list[di.Item]:
     path = batch.get(host, VllmModelFile, venv=venv, filename=vllm_patch.MODEL_FILE)
     # The fact the patch step reads (no symlink followed, a FIFO only stat'ed): the same
     # batched read, and a planted FIFO cannot hang a drift check.
-    sha, orig = ((_regular_sha(host, p) for p in (path, f"{path}.orig")) if path
-                 else (None, None))
+    sha, orig = (_regular_sha(host, p) for p in (path, f"{path}.orig")) if path else (None, None)
     items += patch_items(data["vllm_version"], data["vllm_patch"], path, sha, orig, known_hashes())
     model = model_dir(data["model_repo"], data["model_revision"])
-    items.append(unit_item(host, vllm_logic.UNIT, vllm_recipe.UNIT_TEMPLATE,
-                           vllm_logic.unit_context(data, model)))
+    items.append(
+        unit_item(
+            host, vllm_logic.UNIT, vllm_recipe.UNIT_TEMPLATE, vllm_logic.unit_context(data, model)
+        )
+    )
     items.append(model_item(host, data, list(data["model_include"]), model))
     return items + service_and_release(host, data, vllm_logic.UNIT)
 

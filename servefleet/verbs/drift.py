@@ -47,11 +47,17 @@ class Report:
         return Exit.DIFFERS if DRIFTED in statuses else Exit.OK
 
     def to_dict(self) -> dict:
-        counts = {s: sum(h.status == s for h in self.hosts.values())
-                  for s in (IN_SYNC, DRIFTED, UNCHECKED)}
-        return {"inventory": self.inventory, "deploy": self.deploy,
-                "hosts": {n: asdict(h) for n, h in self.hosts.items()},
-                "summary": {"hosts": len(self.hosts), **counts}, "exit_code": int(self.exit_code)}
+        counts = {
+            s: sum(h.status == s for h in self.hosts.values())
+            for s in (IN_SYNC, DRIFTED, UNCHECKED)
+        }
+        return {
+            "inventory": self.inventory,
+            "deploy": self.deploy,
+            "hosts": {n: asdict(h) for n, h in self.hosts.items()},
+            "summary": {"hosts": len(self.hosts), **counts},
+            "exit_code": int(self.exit_code),
+        }
 
 
 # --- which operation functions are not idempotent: pyinfra keeps that on the function only ----
@@ -74,8 +80,9 @@ def _command_text(op_data) -> str:
         for command in op_data.command_generator():
             kind = type(command).__name__
             if kind in ("FileUploadCommand", "FunctionCommand"):  # say where, never the content
-                target = getattr(command, "dest", None) or (command.args[0] if getattr(
-                    command, "args", None) else "")
+                target = getattr(command, "dest", None) or (
+                    command.args[0] if getattr(command, "args", None) else ""
+                )
                 text = f"upload {target}"
             elif hasattr(command, "get_masked_value"):
                 text = command.get_masked_value()
@@ -106,8 +113,13 @@ def _classify(state, host) -> list[Item]:
     return items
 
 
-def check(inventory_path: str, deploy_path: str, limit: list[str] | None = None,
-          data: dict | None = None, debug: bool = False) -> Report:
+def check(
+    inventory_path: str,
+    deploy_path: str,
+    limit: list[str] | None = None,
+    data: dict | None = None,
+    debug: bool = False,
+) -> Report:
     """Load `deploy_path` for every host of the inventory in check mode and classify it."""
     report = Report(inventory_path, deploy_path)
     pyinfra_operation.generate_operation_name = _recording_generate_name

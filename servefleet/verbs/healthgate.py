@@ -40,8 +40,10 @@ def gate(host, **overrides) -> tuple[bool, str, float]:
     if ok:
         kv = report.get("kv", "")
         return True, kv if kv.startswith("KV not compared") else "", seconds
-    problems = report.get("problems") or [line for line in err.splitlines()
-                                          if line.startswith("servefleet")][-1:]
+    problems = (
+        report.get("problems")
+        or [line for line in err.splitlines() if line.startswith("servefleet")][-1:]
+    )
     return False, "; ".join(problems) or "the health check failed", seconds
 
 
@@ -49,8 +51,9 @@ def gate_problem(gate: dict, lay: NodeLayout, data) -> str | None:
     """Root runs a recorded gate: only servefleet's health script with one of the data's
     interpreters (recipes/serving.py gate_args), never what a record names."""
     if gate.get("script") != lay.bin("servefleet-health"):
-        return (f"names the script {str(gate.get('script'))[:80]!r}, not "
-                f"{lay.bin('servefleet-health')}")
+        return (
+            f"names the script {str(gate.get('script'))[:80]!r}, not {lay.bin('servefleet-health')}"
+        )
     table = data.get("python_interpreter") or {}
     allowed = set(table.values()) if isinstance(table, dict) else {table}
     if gate.get("python") not in allowed:

@@ -59,8 +59,11 @@ def measure(host, kind: str, rollout_id: str) -> perf.Figures | str:
     res = bench_host(host, w.runs, w.prompt_tokens, w.max_tokens)
     if not res.ok:
         return f"the bench failed: {res.error}"
-    raw = {"median_decode_tok_s": res.median_decode_tok_s, "median_ttft_s": res.median_ttft_s,
-           "runs": res.runs}
+    raw = {
+        "median_decode_tok_s": res.median_decode_tok_s,
+        "median_ttft_s": res.median_ttft_s,
+        "runs": res.runs,
+    }
     return perf.figures(raw, w, _now(), kind, rollout_id, time.monotonic() - started)
 
 
@@ -89,6 +92,7 @@ class PerfGate:
     def baseline(self, sess, names: list[str]) -> None:
         """Measure the hosts about to be converged (those without a baseline yet), and keep the
         figures on the release they serve now."""
+
         def one(host):
             if not self.applies(host) or host.name in self.baselines:
                 return None
@@ -111,11 +115,15 @@ class PerfGate:
     def check(self, sess, names: list[str]) -> dict[str, tuple[str, str, perf.Figures | None]]:
         """(verdict, what it said, the figures that counted) for each host of `names` that has a
         baseline; the verdict is perf.PASS, perf.FAIL or perf.INCONCLUSIVE (see decide())."""
+
         def one(host):
             th = perf.Settings.of(host.data.dict()).thresholds
             state, said, after, spent = decide(
-                self.baselines[host.name], th, lambda: measure(host, "gate", self.rollout_id),
-                lambda line: self.say(f"{host.name}: {line}"))
+                self.baselines[host.name],
+                th,
+                lambda: measure(host, "gate", self.rollout_id),
+                lambda line: self.say(f"{host.name}: {line}"),
+            )
             if after is not None:
                 after = replace(after, verdict=said)
                 keep(host, after)
@@ -125,8 +133,11 @@ class PerfGate:
         out = {}
         for name, res in sess.each(one, todo).items():
             if isinstance(res, Exception):
-                out[name] = (perf.INCONCLUSIVE,
-                             f"performance gate inconclusive: {type(res).__name__}: {res}", None)
+                out[name] = (
+                    perf.INCONCLUSIVE,
+                    f"performance gate inconclusive: {type(res).__name__}: {res}",
+                    None,
+                )
                 continue
             state, said, after, spent = res
             self.seconds[name] = round(self.seconds.get(name, 0.0) + spent, 1)
@@ -135,6 +146,7 @@ class PerfGate:
 
     def passed_again(self, sess, verdicts: dict[str, tuple[perf.Figures, str]]) -> None:
         """The new release's figures on its record again, with the verdict that let it in."""
+
         def one(host):
             fig, said = verdicts[host.name]
             keep(host, replace(fig, verdict=said))
@@ -145,6 +157,7 @@ class PerfGate:
         """After a failed gate and the rollback: the previous release measured again on each
         host of `after` (the new release's figures that failed), and (still slower, what it
         said) for each. See bracket()."""
+
         def one(host):
             th = perf.Settings.of(host.data.dict()).thresholds
             again = [measure(host, "baseline-again", self.rollout_id) for _ in range(2)]
@@ -153,14 +166,21 @@ class PerfGate:
         todo = [h for h in sess.targets if h.name in after and h.name in self.baselines]
         out = {}
         for name, res in sess.each(one, todo).items():
-            out[name] = res if not isinstance(res, Exception) else (
-                True, f"the previous release could not be measured again: "
-                      f"{type(res).__name__}: {res}")
+            out[name] = (
+                res
+                if not isinstance(res, Exception)
+                else (
+                    True,
+                    f"the previous release could not be measured again: "
+                    f"{type(res).__name__}: {res}",
+                )
+            )
         return out
 
 
-def bracket(before: perf.Figures, again: list, after: perf.Figures,
-            th: perf.Thresholds) -> tuple[bool, str]:
+def bracket(
+    before: perf.Figures, again: list, after: perf.Figures, th: perf.Thresholds
+) -> tuple[bool, str]:
     """Is the new release slower (True), or did the node slow down (False)?
 
     The gate compares the new release with the previous one measured *before* it. Load that
@@ -178,17 +198,25 @@ def bracket(before: perf.Figures, again: list, after: perf.Figures,
     verdict = perf.compare(now, after, th)
     if verdict.failed:
         return True, f"slower than the previous release measured again too ({now.short})"
-    return False, (f"against the previous release measured again {verdict.text} (before the "
-                   f"upgrade it measured {before.short}): the node slowed down, not the release")
+    return False, (
+        f"against the previous release measured again {verdict.text} (before the "
+        f"upgrade it measured {before.short}): the node slowed down, not the release"
+    )
 
 
-GATE_SAID = {perf.PASS: "performance gate passed: ", perf.FAIL: "performance gate failed: ",
-             perf.INCONCLUSIVE: "performance gate inconclusive: "}
+GATE_SAID = {
+    perf.PASS: "performance gate passed: ",
+    perf.FAIL: "performance gate failed: ",
+    perf.INCONCLUSIVE: "performance gate inconclusive: ",
+}
 
 
-def decide(before: perf.Figures, th: perf.Thresholds,
-           measure_once: Callable[[], "perf.Figures | str"],
-           say: Callable[[str], None]) -> tuple[str, str, perf.Figures | None, float]:
+def decide(
+    before: perf.Figures,
+    th: perf.Thresholds,
+    measure_once: Callable[[], "perf.Figures | str"],
+    say: Callable[[str], None],
+) -> tuple[str, str, perf.Figures | None, float]:
     """The gate's rule for one host: (verdict, what it said, the figures that counted, seconds).
 
     A measurement that passes clearly passes. Anything else (a figure beyond its threshold or
@@ -214,10 +242,15 @@ def decide(before: perf.Figures, th: perf.Thresholds,
         return perf.INCONCLUSIVE, GATE_SAID[perf.INCONCLUSIVE] + str(second), None, spent
     after = perf.best(*figs) if len(figs) == 2 else figs[0]
     verdict = perf.compare(before, after, th)
-    state = (perf.FAIL if verdict.failed else
-             perf.INCONCLUSIVE if verdict.state == perf.INCONCLUSIVE or len(figs) < 2
-             else perf.PASS)
+    state = (
+        perf.FAIL
+        if verdict.failed
+        else perf.INCONCLUSIVE
+        if verdict.state == perf.INCONCLUSIVE or len(figs) < 2
+        else perf.PASS
+    )
     failed_once = [f for f in (first, second) if isinstance(f, str)]
-    text = verdict.text + (f"; the other measurement: {failed_once[0]}" if failed_once
-                           else "; best of 2 measurements")
+    text = verdict.text + (
+        f"; the other measurement: {failed_once[0]}" if failed_once else "; best of 2 measurements"
+    )
     return state, GATE_SAID[state] + text, after, spent

@@ -12,8 +12,13 @@ from servefleet.verbs.healthgate import gate, release_of
 from servefleet.verbs.rollout import ATTENTION, ROLLBACK, ROLLED_BACK, HostRollout, RolloutReport
 
 
-def rollback(inventory: str, limit: list[str], data: dict | None,
-             say: Callable[[str], None], everything: bool = False) -> RolloutReport:
+def rollback(
+    inventory: str,
+    limit: list[str],
+    data: dict | None,
+    say: Callable[[str], None],
+    everything: bool = False,
+) -> RolloutReport:
     """`servefleet rollback`: the previous release on the selected hosts, then their gate.
 
     A glob or group that selects more hosts than were named one by one is refused unless
@@ -24,10 +29,14 @@ def rollback(inventory: str, limit: list[str], data: dict | None,
         selected = [h.name for h in sess.targets]
     named = set(selected) & set(limit)
     if len(selected) > len(named) and not everything:
-        report.refused, report.message = Exit.BAD_INPUT, (
-            f"--limit {' '.join(limit)[:80]!r} selects {len(selected)} hosts "
-            f"({', '.join(selected[:5])}{', ...' if len(selected) > 5 else ''}); rolling back more "
-            f"hosts than were named one by one needs --all; nothing was changed")
+        report.refused, report.message = (
+            Exit.BAD_INPUT,
+            (
+                f"--limit {' '.join(limit)[:80]!r} selects {len(selected)} hosts "
+                f"({', '.join(selected[:5])}{', ...' if len(selected) > 5 else ''}); rolling back more "
+                f"hosts than were named one by one needs --all; nothing was changed"
+            ),
+        )
         return report
     if gone:  # as a rollout: all selected hosts or none
         report.refused, report.message = Exit.UNREACHABLE, api.cannot_reach(gone)
@@ -37,13 +46,18 @@ def rollback(inventory: str, limit: list[str], data: dict | None,
         report.refused, report.message = Exit.BAD_INPUT, f"--limit selects no host of {inventory}"
         return report
     for name, outcome in outcomes.items():
-        report.hosts[name] = HostRollout(name, result=ROLLED_BACK if outcome.ok else ATTENTION,
-                                         detail="" if outcome.ok else str(outcome.error))
+        report.hosts[name] = HostRollout(
+            name,
+            result=ROLLED_BACK if outcome.ok else ATTENTION,
+            detail="" if outcome.ok else str(outcome.error),
+        )
     back = [n for n, o in outcomes.items() if o.ok]
     if back:
         with api.session(inventory, back, data, deploy=ROLLBACK) as sess:
+
             def check(host):
                 return gate(host), release_of(host)
+
             for name, result in sess.each(check).items():
                 rec = report.hosts[name]
                 if isinstance(result, Exception):

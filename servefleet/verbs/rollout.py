@@ -42,8 +42,12 @@ from servefleet.verbs.healthgate import gate, release_of
 from servefleet.verbs.perfgate import OFF_BY_FLAG, PerfGate
 
 ROLLBACK = "deploys/rollback.py"
-UPGRADED, ROLLED_BACK, UNTOUCHED, ATTENTION = ("upgraded", "rolled back", "untouched",
-                                               "needs attention")
+UPGRADED, ROLLED_BACK, UNTOUCHED, ATTENTION = (
+    "upgraded",
+    "rolled back",
+    "untouched",
+    "needs attention",
+)
 # Healthy on the new release, but the performance gate could not tell whether it is slower:
 # the host stays on it, and it counts neither as upgraded nor as failed.
 INCONCLUSIVE = "inconclusive"
@@ -84,9 +88,12 @@ class RolloutReport:
         return Exit.OK if results <= {self.wanted} and self.hosts else Exit.DIFFERS
 
     def to_dict(self) -> dict:
-        return {"rollout_id": self.rollout_id, "message": self.message,
-                "hosts": {n: asdict(h) for n, h in self.hosts.items()},
-                "exit_code": int(self.exit_code)}
+        return {
+            "rollout_id": self.rollout_id,
+            "message": self.message,
+            "hosts": {n: asdict(h) for n, h in self.hosts.items()},
+            "exit_code": int(self.exit_code),
+        }
 
 
 BATCH = re.compile(r"([1-9][0-9]{0,5})(%?)")  # 2 or 25%: whole numbers, nothing else
@@ -97,16 +104,19 @@ def batch_size(batch: str) -> tuple[int, bool]:
     """--batch N (hosts, 1..999999) or P% (of the hosts, 1..100) -> (N or P, is a percentage)."""
     m = BATCH.fullmatch(str(batch).strip())
     if not m or (m[2] and int(m[1]) > 100):
-        raise DataError(f"--batch {str(batch)[:40]!r}: expected a number of hosts (2) or a "
-                        f"percentage of them from 1% to 100% (25%)")
+        raise DataError(
+            f"--batch {str(batch)[:40]!r}: expected a number of hosts (2) or a "
+            f"percentage of them from 1% to 100% (25%)"
+        )
     return int(m[1]), bool(m[2])
 
 
 def max_failures_of(value) -> int:
     """--max-failures K: the failed hosts tolerated, 0..MAX_FAILURES."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_FAILURES:
-        raise DataError(f"--max-failures {value!r}: expected a number of hosts from 0 to "
-                        f"{MAX_FAILURES}")
+        raise DataError(
+            f"--max-failures {value!r}: expected a number of hosts from 0 to {MAX_FAILURES}"
+        )
     return value
 
 
@@ -114,7 +124,7 @@ def batches(names: list[str], batch: str) -> list[list[str]]:
     """--batch N or P% (of the hosts, rounded up, at least one) -> the batches in order."""
     n, percent = batch_size(batch)
     size = max(math.ceil(len(names) * n / 100), 1) if percent else n
-    return [names[i:i + size] for i in range(0, len(names), size)]
+    return [names[i : i + size] for i in range(0, len(names), size)]
 
 
 def _write_marker(host, marker: RolloutMarker | None) -> None:
@@ -126,25 +136,43 @@ def _write_marker(host, marker: RolloutMarker | None) -> None:
 
 
 class Rollout:
-    def __init__(self, inventory: str, deploy: str, batch: str, max_failures: int,
-                 limit: list[str] | None, data: dict | None, say: Callable[[str], None],
-                 perf_gate: bool = True):
+    def __init__(
+        self,
+        inventory: str,
+        deploy: str,
+        batch: str,
+        max_failures: int,
+        limit: list[str] | None,
+        data: dict | None,
+        say: Callable[[str], None],
+        perf_gate: bool = True,
+    ):
         batch_size(batch)  # refused here, before any host is reached
         self.inventory, self.deploy, self.batch = inventory, deploy, batch
-        self.max_failures, self.limit, self.data, self.say = (max_failures_of(max_failures),
-                                                               limit, data, say)
+        self.max_failures, self.limit, self.data, self.say = (
+            max_failures_of(max_failures),
+            limit,
+            data,
+            say,
+        )
         self.recipe = recipe_of(deploy)
         if self.recipe not in contract.SERVING:
-            raise DataError(f"rollout: {deploy} is not a serving recipe "
-                            f"(deploys/serve_bf16.py or deploys/serve_q4_llamacpp.py)")
+            raise DataError(
+                f"rollout: {deploy} is not a serving recipe "
+                f"(deploys/serve_bf16.py or deploys/serve_q4_llamacpp.py)"
+            )
         self.role = contract.ROLE_OF[self.recipe]
         self.report = RolloutReport(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}")
         self.perf = PerfGate(self.report.rollout_id, perf_gate, say)
         self.resumed: dict[str, RolloutMarker] = {}
 
     def session(self, names: list[str] | None = None):
-        return api.session(self.inventory, names if names is not None else self.limit,
-                           self.data, deploy=self.deploy)
+        return api.session(
+            self.inventory,
+            names if names is not None else self.limit,
+            self.data,
+            deploy=self.deploy,
+        )
 
     def preflight(self) -> list[str] | None:
         """The hosts to roll out to, in inventory order; None (and the reason) to refuse."""
@@ -152,18 +180,23 @@ class Rollout:
             targets = [h for h in sess.targets if self.role in h.groups]
             names = [h.name for h in targets]
             if not names:
-                self.report.refused, self.report.message = Exit.BAD_INPUT, (
-                    f"no {self.role} host selected in {self.inventory}")
+                self.report.refused, self.report.message = (
+                    Exit.BAD_INPUT,
+                    (f"no {self.role} host selected in {self.inventory}"),
+                )
                 return None
             gone = {n: why for n, why in sess.unreachable.items() if n in names}
             if gone:
-                self.report.refused, self.report.message = (Exit.UNREACHABLE,
-                                                            api.cannot_reach(gone))
+                self.report.refused, self.report.message = (
+                    Exit.UNREACHABLE,
+                    api.cannot_reach(gone),
+                )
                 return None
 
             def look(host):
-                marker = host.get_fact(RolloutMarkerFact,
-                                       path=NodeLayout.of(host.data).rollout_marker)
+                marker = host.get_fact(
+                    RolloutMarkerFact, path=NodeLayout.of(host.data).rollout_marker
+                )
                 if isinstance(marker, Unreadable):  # never guess which phase it was in
                     return False, f"{marker}; the host was not touched"
                 if marker is not None:  # an interrupted rollout: finished or rolled back now
@@ -181,17 +214,23 @@ class Rollout:
                 elif result[1]:
                     self.say(f"{name}: {result[1]}")
             if sick:
-                self.report.refused, self.report.message = Exit.DIFFERS, (
-                    "not healthy before the rollout: " + "; ".join(
-                        f"{n}: {w}" for n, w in sick.items()) + "; nothing was changed")
+                self.report.refused, self.report.message = (
+                    Exit.DIFFERS,
+                    (
+                        "not healthy before the rollout: "
+                        + "; ".join(f"{n}: {w}" for n, w in sick.items())
+                        + "; nothing was changed"
+                    ),
+                )
                 return None
             for host in targets:
                 self.report.hosts[host.name] = HostRollout(host.name)
             for name, rel in sess.each(release_of, targets).items():
                 self.report.hosts[name].from_release = None if isinstance(rel, Exception) else rel
             for name, marker in self.resumed.items():  # what it was rolled out from, and when
-                self.report.hosts[name].from_release = (marker.from_release
-                                                        or self.report.hosts[name].from_release)
+                self.report.hosts[name].from_release = (
+                    marker.from_release or self.report.hosts[name].from_release
+                )
                 self.perf.resume(name, marker.extra.get("baseline"))
         return names
 
@@ -199,13 +238,24 @@ class Rollout:
         if not names:  # an empty --limit would select every host of the inventory
             return
         with self.session(names) as sess:
+
             def mark(host):
                 rec = self.report.hosts[host.name]
                 base = self.perf.baselines.get(host.name)
-                _write_marker(host, None if phase is None else RolloutMarker(
-                    self.report.rollout_id, "", phase, rec.from_release,
-                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    {"baseline": base.to_json()} if base else {}))
+                _write_marker(
+                    host,
+                    None
+                    if phase is None
+                    else RolloutMarker(
+                        self.report.rollout_id,
+                        "",
+                        phase,
+                        rec.from_release,
+                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        {"baseline": base.to_json()} if base else {},
+                    ),
+                )
+
             sess.each(mark)
 
     def _gate(self, names: list[str]) -> dict[str, tuple[bool, str, float]]:
@@ -215,8 +265,10 @@ class Rollout:
         for name, rel in releases.items():
             if not isinstance(rel, Exception):
                 self.report.hosts[name].to_release = rel
-        return {n: (r if not isinstance(r, Exception) else (False, str(r), 0.0))
-                for n, r in results.items()}
+        return {
+            n: (r if not isinstance(r, Exception) else (False, str(r), 0.0))
+            for n, r in results.items()
+        }
 
     def _perf_gate(self, healthy: list[str]) -> tuple[list[str], list[str]]:
         """The performance gate of the hosts that passed their health gate: (those it failed,
@@ -226,12 +278,19 @@ class Rollout:
             rec.perf = self.perf.off.get(name, rec.perf)
             rec.perf_before = base.to_json() if base else rec.perf_before
             rec.perf_s = self.perf.seconds.get(name, rec.perf_s)
-        same = [n for n in healthy if n in self.perf.baselines
-                and self.report.hosts[n].from_release == self.report.hosts[n].to_release]
+        same = [
+            n
+            for n in healthy
+            if n in self.perf.baselines
+            and self.report.hosts[n].from_release == self.report.hosts[n].to_release
+        ]
         for name in same:
             self.report.hosts[name].perf = "not needed: the release did not change"
-        todo = [n for n in healthy if n in self.perf.baselines and n not in same
-                and n not in self.perf.off]
+        todo = [
+            n
+            for n in healthy
+            if n in self.perf.baselines and n not in same and n not in self.perf.off
+        ]
         if not todo:
             return [], []
         with self.session(todo) as sess:
@@ -240,7 +299,8 @@ class Rollout:
         for name in todo:
             rec = self.report.hosts[name]
             state, said, after = results.get(
-                name, (perf.INCONCLUSIVE, "performance gate inconclusive: not run", None))
+                name, (perf.INCONCLUSIVE, "performance gate inconclusive: not run", None)
+            )
             rec.perf, rec.perf_after = said, after.to_json() if after else None
             rec.perf_s = self.perf.seconds.get(name)
             if state != perf.PASS:
@@ -256,11 +316,19 @@ class Rollout:
         self._mark(names, "rolling-back")
         started = time.monotonic()
         outcomes = {}
-        for part, force in (([n for n in names if n not in slower], False),
-                            ([n for n in names if n in slower], True)):
+        for part, force in (
+            ([n for n in names if n not in slower], False),
+            ([n for n in names if n in slower], True),
+        ):
             if part:
-                outcomes.update(api.converge(self.inventory, ROLLBACK, part,
-                                             {**(self.data or {}), "previous_release": force}))
+                outcomes.update(
+                    api.converge(
+                        self.inventory,
+                        ROLLBACK,
+                        part,
+                        {**(self.data or {}), "previous_release": force},
+                    )
+                )
         took = time.monotonic() - started
         back_ok = [n for n in names if outcomes.get(n) and outcomes[n].ok]
         gates = self._gate(back_ok) if back_ok else {}
@@ -271,8 +339,11 @@ class Rollout:
                 rec.result = ROLLED_BACK
             else:
                 rec.result = ATTENTION
-                why = outcomes[name].error if name in outcomes and not outcomes[name].ok \
+                why = (
+                    outcomes[name].error
+                    if name in outcomes and not outcomes[name].ok
                     else gates.get(name, (False, "no gate", 0))[1]
+                )
                 rec.detail = f"{rec.detail}; rollback: {why}".strip("; ")
         self._mark([n for n in names if self.report.hosts[n].result == ROLLED_BACK], None)
 
@@ -281,8 +352,11 @@ class Rollout:
         is measured again (perfgate.bracket). Where it is now as slow as the new release was,
         the node slowed down, not the release: the host is converged to the new release again
         and health-gated (once; its performance is then judged). Returns those upgraded."""
-        back = {n: self.report.hosts[n] for n in slower
-                if self.report.hosts[n].result == ROLLED_BACK and self.report.hosts[n].perf_after}
+        back = {
+            n: self.report.hosts[n]
+            for n in slower
+            if self.report.hosts[n].result == ROLLED_BACK and self.report.hosts[n].perf_after
+        }
         if not back:
             return []
         after = {n: perf.Figures.from_json(rec.perf_after) for n, rec in back.items()}
@@ -296,12 +370,16 @@ class Rollout:
                 rec.detail = f"{rec.detail}; {said}"
             else:
                 forward.append(name)
-                passed[name] = (f"performance gate passed {said}; the first verdict: "
-                                f"{rec.perf.removeprefix('performance gate ')}")
+                passed[name] = (
+                    f"performance gate passed {said}; the first verdict: "
+                    f"{rec.perf.removeprefix('performance gate ')}"
+                )
         if not forward:
             return []
-        self.say(f"{', '.join(forward)}: the node slowed down, not the release: converging "
-                 f"{self.deploy} again")
+        self.say(
+            f"{', '.join(forward)}: the node slowed down, not the release: converging "
+            f"{self.deploy} again"
+        )
         self._mark(forward, "converging")
         outcomes = api.converge(self.inventory, self.deploy, forward, self.data)
         ok = [n for n in forward if outcomes.get(n) and outcomes[n].ok]
@@ -314,8 +392,13 @@ class Rollout:
                 rec.detail = f"gate: {gates[name][1]}"
                 self.say(f"{name}: upgraded to {rec.to_release} again; {rec.perf}")
             else:
-                why = gates[name][1] if name in gates else outcomes[name].error \
-                    if name in outcomes else "not run"
+                why = (
+                    gates[name][1]
+                    if name in gates
+                    else outcomes[name].error
+                    if name in outcomes
+                    else "not run"
+                )
                 rec.detail = f"{rec.detail}; {passed[name]}; converging again: {why}"
         if up:
             with self.session(up) as sess:
@@ -335,8 +418,10 @@ class Rollout:
         failures = 0
         for number, group in enumerate(groups, 1):
             if self.perf.enabled:
-                self.say(f"batch {number}/{len(groups)}: {', '.join(group)}: benching the "
-                         f"release serving now (performance gate baseline)")
+                self.say(
+                    f"batch {number}/{len(groups)}: {', '.join(group)}: benching the "
+                    f"release serving now (performance gate baseline)"
+                )
                 with self.session(group) as sess:
                     self.perf.baseline(sess, group)
             else:
@@ -375,8 +460,10 @@ class Rollout:
                         self.say(f"{name}: held on {rec.to_release}, healthy; {rec.perf}")
                     elif name not in failed:
                         rec.result = UPGRADED
-                        self.say(f"{name}: upgraded to {rec.to_release} (gate {rec.gate_s} s)"
-                                 + "".join(f"; {x}" for x in (rec.detail, rec.perf) if x))
+                        self.say(
+                            f"{name}: upgraded to {rec.to_release} (gate {rec.gate_s} s)"
+                            + "".join(f"; {x}" for x in (rec.detail, rec.perf) if x)
+                        )
                 self._mark([n for n in passing if n not in failed], None)
             for name in failed:
                 self.say(f"{name}: failed: {self.report.hosts[name].detail}")
@@ -386,9 +473,9 @@ class Rollout:
                 failures += len(failed) - len(upgraded_again)
             if failures > self.max_failures:
                 rest = [n for g in groups[number:] for n in g]
-                self.report.message = (f"stopped after {failures} failed host(s) (--max-failures "
-                                       f"{self.max_failures})" + (f"; untouched: {', '.join(rest)}"
-                                                                  if rest else ""))
+                self.report.message = (
+                    f"stopped after {failures} failed host(s) (--max-failures "
+                    f"{self.max_failures})" + (f"; untouched: {', '.join(rest)}" if rest else "")
+                )
                 break
         return self.report
-

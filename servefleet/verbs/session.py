@@ -21,6 +21,7 @@ from pathlib import Path
 
 import gevent
 import pyinfra
+
 # pyinfra_cli patches sockets for gevent on import, which parallel connections rely on.
 from pyinfra_cli.exceptions import UnexpectedExternalError
 from pyinfra_cli.inventory import make_inventory
@@ -87,8 +88,11 @@ class Session:
         """What pyinfra said went wrong on a host: servefleet's own one-line reason when there is
         one (a failed check names it), else pyinfra's last error line."""
         lines = [line.strip() for line in self.log.lines.get(name, []) if line.strip()]
-        ours = [line for line in lines if line.startswith("servefleet:")
-                and not line.startswith("servefleet: the journal")]
+        ours = [
+            line
+            for line in lines
+            if line.startswith("servefleet:") and not line.startswith("servefleet: the journal")
+        ]
         if ours:
             return ours[-1].removeprefix("servefleet:").strip()
         return lines[-1] if lines else default
@@ -112,8 +116,11 @@ def check_file(kind: str, path: str, folder: str) -> None:
     if Path(path).is_file():
         return
     cwd = Path.cwd()
-    known = sorted(str(p.relative_to(cwd)) for p in (cwd / folder).glob("*.py")) \
-        if (cwd / folder).is_dir() else []
+    known = (
+        sorted(str(p.relative_to(cwd)) for p in (cwd / folder).glob("*.py"))
+        if (cwd / folder).is_dir()
+        else []
+    )
     close = difflib.get_close_matches(path, known, n=1)
     if close:
         hint = f"did you mean {close[0]}?"
@@ -129,33 +136,47 @@ def load_inventory(inventory_path: str, cwd: str, data: dict | None):
     """pyinfra's inventory from an inventory file; a file that is no inventory (fleet.yml, a
     deploy, a syntax error) is refused with one line (DataError), not a traceback."""
     if not inventory_path.endswith(".py"):
-        raise DataError(f"inventory file {inventory_path}: expected a Python inventory such as "
-                        f"inventory/spark.py (they read {fleet_path()})")
+        raise DataError(
+            f"inventory file {inventory_path}: expected a Python inventory such as "
+            f"inventory/spark.py (they read {fleet_path()})"
+        )
     try:
         return make_inventory(inventory_path, cwd=cwd, override_data=data or {})
     except (UnexpectedExternalError, SyntaxError) as exc:
         error = getattr(exc, "exception", exc)
         why = (str(error).strip().splitlines() or [""])[0]
-        raise DataError(f"inventory file {inventory_path}: could not be loaded "
-                        f"({type(error).__name__}{': ' + why if why else ''}); expected an "
-                        f"inventory such as inventory/spark.py") from None
+        raise DataError(
+            f"inventory file {inventory_path}: could not be loaded "
+            f"({type(error).__name__}{': ' + why if why else ''}); expected an "
+            f"inventory such as inventory/spark.py"
+        ) from None
 
 
 def check_selection(inventory_path: str, inventory, targets: list, limit) -> None:
     """Refuse an inventory with no host, or a --limit that selects none of its hosts."""
     hosts = list(inventory)
     if not hosts:
-        raise DataError(f"inventory {inventory_path} has no hosts: {fleet_path()} lists no node "
-                        f"for it; add one entry per node (see docs/nodes.md)")
+        raise DataError(
+            f"inventory {inventory_path} has no hosts: {fleet_path()} lists no node "
+            f"for it; add one entry per node (see docs/nodes.md)"
+        )
     if limit and not targets:
         groups = sorted({g for h in hosts for g in h.groups})
-        raise DataError(f"--limit {' '.join(limit)} matches no host of {inventory_path} "
-                        f"(hosts: {_names(h.name for h in hosts)}; groups: {_names(groups)})")
+        raise DataError(
+            f"--limit {' '.join(limit)} matches no host of {inventory_path} "
+            f"(hosts: {_names(h.name for h in hosts)}; groups: {_names(groups)})"
+        )
 
 
 @contextmanager
-def session(inventory_path: str, limit: list[str] | None = None, data: dict | None = None,
-            deploy: str | None = None, check_for_changes: bool = True, debug: bool = False):
+def session(
+    inventory_path: str,
+    limit: list[str] | None = None,
+    data: dict | None = None,
+    deploy: str | None = None,
+    check_for_changes: bool = True,
+    debug: bool = False,
+):
     """Connect to the inventory's hosts (--limit) for a verb. The inventory validates every
     host's data, --data included, for `deploy` before anything connects (DataError).
     `debug`: pyinfra's debug log on stderr too, as `pyinfra --debug` prints it (every command
@@ -210,8 +231,11 @@ def session(inventory_path: str, limit: list[str] | None = None, data: dict | No
 
 def cannot_reach(unreachable: dict[str, str]) -> str:
     """The one line of a verb that refuses because hosts are unreachable (exit 3)."""
-    return ("cannot reach " + ", ".join(f"{n} ({why})" for n, why in unreachable.items())
-            + "; nothing was changed")
+    return (
+        "cannot reach "
+        + ", ".join(f"{n} ({why})" for n, why in unreachable.items())
+        + "; nothing was changed"
+    )
 
 
 @dataclass
@@ -242,16 +266,25 @@ def execute(sess: Session) -> dict[str, HostOutcome]:
             outcomes[host.name] = HostOutcome(host.name, False, error=sess.unreachable[host.name])
             continue
         ops = state.ops.get(host, {})
-        changed = sum(1 for d in ops.values()
-                      if d.operation_meta.is_complete() and d.operation_meta.did_change())
+        changed = sum(
+            1
+            for d in ops.values()
+            if d.operation_meta.is_complete() and d.operation_meta.did_change()
+        )
         failed = host in state.failed_hosts
-        outcomes[host.name] = HostOutcome(host.name, not failed, changed, len(ops),
-                                          sess.why(host.name, "failed") if failed else None)
+        outcomes[host.name] = HostOutcome(
+            host.name,
+            not failed,
+            changed,
+            len(ops),
+            sess.why(host.name, "failed") if failed else None,
+        )
     return outcomes
 
 
-def converge(inventory: str, deploy: str, limit: list[str] | None = None,
-             data: dict | None = None) -> dict[str, HostOutcome]:
+def converge(
+    inventory: str, deploy: str, limit: list[str] | None = None, data: dict | None = None
+) -> dict[str, HostOutcome]:
     """Converge `deploy` on the selected hosts through the API: rebuild's and rollout's path."""
     with session(inventory, limit, data, deploy=deploy) as sess:
         if sess.reachable():

@@ -53,20 +53,26 @@ def _engine(host, role, data) -> tuple[str | None, str | None, str | None]:
     """(short engine, detail, unit) from the recipe's own facts and paths."""
     lay = NodeLayout.of(data)
     if role == "spark":
-        found = host.get_fact(DistVersions, venv=vllm_logic.venv_path(data),
-                              names=("torch", "vllm"))
+        found = host.get_fact(
+            DistVersions, venv=vllm_logic.venv_path(data), names=("torch", "vllm")
+        )
         if "vllm" not in found:
             return "vllm: none", "vLLM: not installed", vllm_logic.UNIT
-        return (f"vllm {found['vllm']}", f"vLLM {found['vllm']} (torch {found.get('torch', '?')})",
-                vllm_logic.UNIT)
+        return (
+            f"vllm {found['vllm']}",
+            f"vLLM {found['vllm']} (torch {found.get('torch', '?')})",
+            vllm_logic.UNIT,
+        )
     if role == "rtx4090":
         builds = host.get_fact(LlamaBuilds, llama_dir=lay.llama_dir)
         rec = builds.records.get(builds.current_name or "", {})
         if not rec:
             return "llama.cpp: none", "llama.cpp: not built", llama_logic.UNIT
-        return (f"llama.cpp {rec.get('tag')}",
-                f"llama.cpp {rec.get('tag')} ({str(rec.get('commit'))[:9]}, {rec.get('describe')})",
-                llama_logic.UNIT)
+        return (
+            f"llama.cpp {rec.get('tag')}",
+            f"llama.cpp {rec.get('tag')} ({str(rec.get('commit'))[:9]}, {rec.get('describe')})",
+            llama_logic.UNIT,
+        )
     return None, None, None
 
 
@@ -78,8 +84,11 @@ def node_status(host) -> NodeStatus:
         state = host.get_fact(UnitState, unit=unit)
         st.service, st.enabled = state["active_state"] or "absent", state["enabled"]
         st.port = data["service_port"]
-        ok, out, _ = run(host, f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' "
-                               f"{shlex.quote(api_url(data) + '/health')} || true")
+        ok, out, _ = run(
+            host,
+            f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' "
+            f"{shlex.quote(api_url(data) + '/health')} || true",
+        )
         st.health = out.strip() if out.strip() not in ("", "000") else "down"
         records = host.get_fact(NodeReleases, path=NodeLayout.of(data).releases_file)
         if records.unreadable:
@@ -93,10 +102,11 @@ def node_status(host) -> NodeStatus:
         st.release = current.short if current else None
         prev = records.previous_release
         st.previous_release = prev.short if prev else None
-        st.release_perf, st.previous_release_perf = (current.perf if current else None,
-                                                      prev.perf if prev else None)
-        st.rolled_back_from = (records.rolled_back_from.short if records.rolled_back_from
-                               else None)
+        st.release_perf, st.previous_release_perf = (
+            current.perf if current else None,
+            prev.perf if prev else None,
+        )
+        st.rolled_back_from = records.rolled_back_from.short if records.rolled_back_from else None
     mem = host.get_fact(MemoryBytes)
     st.memory_total_gib = round(mem["total"] / 1024**3, 1)
     st.memory_used_gib = round((mem["total"] - mem["available"]) / 1024**3, 1)
@@ -111,7 +121,9 @@ def status(inventory: str, limit=None) -> list[NodeStatus]:
         roles = {h.name: _role(h) for h in sess.targets}
         out = [NodeStatus(n, role=roles.get(n), error=why) for n, why in sess.unreachable.items()]
         for name, res in results.items():
-            out.append(res if isinstance(res, NodeStatus)
-                       else NodeStatus(name, role=roles.get(name),
-                                       error=f"{type(res).__name__}: {res}"))
+            out.append(
+                res
+                if isinstance(res, NodeStatus)
+                else NodeStatus(name, role=roles.get(name), error=f"{type(res).__name__}: {res}")
+            )
     return sorted(out, key=lambda s: s.host)

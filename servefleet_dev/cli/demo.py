@@ -40,8 +40,9 @@ def _converge(console: Console, deploy: str, limit: list[str] | None = None) -> 
     outcomes = converge(INVENTORY, deploy, limit)
     for name, o in sorted(outcomes.items()):
         verdict = "[green]ok[/]" if o.ok else f"[red]FAILED[/]: {o.error}"
-        console.print(f"  {deploy} on {name}: {o.changed} of {o.operations} operations changed "
-                      f"-> {verdict}")
+        console.print(
+            f"  {deploy} on {name}: {o.changed} of {o.operations} operations changed -> {verdict}"
+        )
     return bool(outcomes) and all(o.ok for o in outcomes.values())
 
 
@@ -67,8 +68,10 @@ def run(args) -> int:
     material.prepare(log=lambda m: console.print(f"  {m}"))
 
     console.rule("2. Converge both recipes (first run on a machine: llama.cpp builds, minutes)")
-    ok = all([_converge(console, "deploys/base.py", ["depot"])]
-             + [_converge(console, d) for d in RECIPES])
+    ok = all(
+        [_converge(console, "deploys/base.py", ["depot"])]
+        + [_converge(console, d) for d in RECIPES]
+    )
 
     console.rule("3. Converge again: nothing to change")
     ok = all([ok] + [_converge(console, d) for d in RECIPES])
@@ -87,13 +90,14 @@ def run(args) -> int:
 
     if serving:
         console.rule(f"6. Bench the serving nodes ({args.bench_runs} runs, tiny models)")
-        results = bench(INVENTORY, serving, runs=args.bench_runs, prompt_tokens=256,
-                        max_tokens=64)
+        results = bench(INVENTORY, serving, runs=args.bench_runs, prompt_tokens=256, max_tokens=64)
         console.print(render_bench(results, args.bench_runs, 64), markup=False, highlight=False)
         ok = ok and all(r.ok for r in results)
 
     console.rule("7. Status")
     console.print(render_status(status(INVENTORY)), markup=False, highlight=False)
-    console.print("The testbed stays up: `servefleet testbed ssh NAME`, "
-                  "`pyinfra inventory/testbed.py DEPLOY`, `servefleet testbed down`.")
+    console.print(
+        "The testbed stays up: `servefleet testbed ssh NAME`, "
+        "`pyinfra inventory/testbed.py DEPLOY`, `servefleet testbed down`."
+    )
     return 0 if ok and all(c == 0 for c in codes) else 1

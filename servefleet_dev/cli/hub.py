@@ -7,6 +7,7 @@ import sys
 import urllib.error
 
 from servefleet.core.paths import cache_subdir
+
 # servefleet_dev.hub imports this module back (its main() runs these commands): read the
 # package's attributes inside functions only, never at import time.
 from servefleet_dev import hub
@@ -36,7 +37,9 @@ def add_subcommands(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--port", type=int, default=0, help="port (default: 0, a free one, printed)")
     token = p.add_mutually_exclusive_group()
-    token.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (visible in ps: prefer --token-file)")
+    token.add_argument(
+        "--token", help="require 'Authorization: Bearer TOKEN' (visible in ps: prefer --token-file)"
+    )
     token.add_argument("--token-file", help="read the required token from this file")
     p.add_argument("--pidfile", help="write the server's pid here once listening")
     p.add_argument("--ready-file", help="write the URL(s) here once listening (removed on exit)")
@@ -60,7 +63,9 @@ def add_subcommands(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("fault", help="throttle or cut downloads of a running hub (tests)")
     p.add_argument("--url", required=True)
-    p.add_argument("pattern", nargs="?", default="*", help="fnmatch over ORG/NAME/PATH (default: *)")
+    p.add_argument(
+        "pattern", nargs="?", default="*", help="fnmatch over ORG/NAME/PATH (default: *)"
+    )
     p.add_argument("--rate", type=int, help="bytes per second")
     p.add_argument("--drop-after", type=int, help="close the connection after N body bytes")
     p.add_argument("--times", type=int, help="affect only the next N downloads")
@@ -132,7 +137,11 @@ def _fault(args) -> int:
         print("no fault rules")
         return 0
     rules = hub.set_fault(
-        args.url, args.pattern, bytes_per_second=args.rate, drop_after=args.drop_after, times=args.times
+        args.url,
+        args.pattern,
+        bytes_per_second=args.rate,
+        drop_after=args.drop_after,
+        times=args.times,
     )
     print(json.dumps(rules, indent=1))
     return 0

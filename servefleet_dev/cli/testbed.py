@@ -15,8 +15,11 @@ def register(sub) -> None:
     p = sub.add_parser("testbed", help="local testbed of systemd-nspawn hosts")
     tsub = p.add_subparsers(dest="action", required=True)
     up = tsub.add_parser("up", help="start the testbed (network, hub, hosts)")
-    up.add_argument("--hosts", default=",".join(lifecycle.DEFAULT_HOSTS),
-                    help="comma-separated names; the prefix is the role (spark-1, rtx4090-1, depot-1)")
+    up.add_argument(
+        "--hosts",
+        default=",".join(lifecycle.DEFAULT_HOSTS),
+        help="comma-separated names; the prefix is the role (spark-1, rtx4090-1, depot-1)",
+    )
     add = tsub.add_parser("add", help="add a fresh host next to the running ones")
     add.add_argument("name")
     rm = tsub.add_parser("rm", help="stop and delete one host")
@@ -25,7 +28,9 @@ def register(sub) -> None:
     st.add_argument("--json", action="store_true")
     ssh = tsub.add_parser("ssh", help="ssh into a host: ssh NAME [-- CMD...]")
     ssh.add_argument("name")
-    ssh.add_argument("--user", default="root", help="root (default) or fleetadmin, servefleet's login")
+    ssh.add_argument(
+        "--user", default="root", help="root (default) or fleetadmin, servefleet's login"
+    )
     ssh.add_argument("cmd", nargs="*")
     tsub.add_parser("down", help="stop everything and leave nothing behind")
     p.set_defaults(func=run)

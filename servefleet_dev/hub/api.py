@@ -41,7 +41,7 @@ def tree(commit: Commit, prefix: str, recursive: bool, expand: bool) -> list[dic
     for e in commit.files.values():
         if not e.path.startswith(base):
             continue
-        parts = e.path[len(base):].split("/")
+        parts = e.path[len(base) :].split("/")
         # Every directory between prefix and the file (only the first level when not recursive).
         for depth in range(1, len(parts) if recursive else min(2, len(parts))):
             dirs.add(base + "/".join(parts[:depth]))
@@ -52,7 +52,11 @@ def tree(commit: Commit, prefix: str, recursive: bool, expand: bool) -> list[dic
     last_commit = {"id": commit.sha, "title": commit.message, "date": commit.created_at}
     out = []
     for d in sorted(dirs):
-        entry = {"type": "directory", "oid": hashlib.sha1(f"{commit.sha}:{d}".encode()).hexdigest(), "path": d}
+        entry = {
+            "type": "directory",
+            "oid": hashlib.sha1(f"{commit.sha}:{d}".encode()).hexdigest(),
+            "path": d,
+        }
         out.append(entry | ({"lastCommit": last_commit} if expand else {}))
     for e in sorted(files, key=lambda e: e.path):
         entry = {"type": "file", "oid": e.oid, "size": e.size, "path": e.path}

@@ -13,7 +13,6 @@ import urllib.request
 # is safe because each side only reads the other's attributes when a command runs, not on import.
 
 
-
 def _control_call(url: str, method: str, route: str, doc=None):
     data = json.dumps(doc).encode() if doc is not None else None
     req = urllib.request.Request(f"{url.rstrip('/')}/_servefleet/{route}", data=data, method=method)
@@ -25,7 +24,11 @@ def _control_call(url: str, method: str, route: str, doc=None):
 
 def hub_stats(url: str, reset: bool = False) -> dict:
     """The server's byte counters ({"total_bytes", "repos", "files", ...}); reset=True zeroes them."""
-    return _control_call(url, "POST", "stats/reset", {}) if reset else _control_call(url, "GET", "stats")
+    return (
+        _control_call(url, "POST", "stats/reset", {})
+        if reset
+        else _control_call(url, "GET", "stats")
+    )
 
 
 def set_fault(
@@ -37,7 +40,12 @@ def set_fault(
     times: int | None = None,
 ) -> list[dict]:
     """Throttle and/or cut GETs of files matching "org/name/path" pattern; returns the rules."""
-    rule = {"pattern": pattern, "bytes_per_second": bytes_per_second, "drop_after": drop_after, "times": times}
+    rule = {
+        "pattern": pattern,
+        "bytes_per_second": bytes_per_second,
+        "drop_after": drop_after,
+        "times": times,
+    }
     return _control_call(url, "POST", "faults", rule)
 
 

@@ -37,8 +37,14 @@ _RANGE_RE = re.compile(r"([0-9]+)-([0-9]*)|-([0-9]+)")
 class _HTTPError(Exception):
     """An answer other than 2xx; close=True when the request's body framing cannot be trusted."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None,
-                 close: bool = False):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        headers: dict | None = None,
+        close: bool = False,
+    ):
         super().__init__(message)
         self.status, self.code, self.headers, self.close = status, code, headers or {}, close
 
@@ -128,7 +134,11 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         try:
             body = self._read_body()
             if method not in METHODS:
-                raise _HTTPError(405, f"method {method[:20]!r} not allowed", headers={"Allow": ", ".join(METHODS)})
+                raise _HTTPError(
+                    405,
+                    f"method {method[:20]!r} not allowed",
+                    headers={"Allow": ", ".join(METHODS)},
+                )
             try:
                 url = urlsplit(self.path)
             except ValueError:  # e.g. an unbalanced "[" in an absolute-form target
@@ -180,7 +190,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         if token is None:
             return
         scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
             # What the hub answers for a private repo without credentials: the client raises
             # RepositoryNotFoundError.
             raise _HTTPError(401, "Invalid username or password.", "RepoNotFound")
@@ -228,7 +240,12 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         path = unquote("/".join(segs[4:]))
         entry = commit.files.get(path)
         if entry is None:
-            raise _HTTPError(404, f"{path!r} not found at {commit.sha}", "EntryNotFound", {"X-Repo-Commit": commit.sha})
+            raise _HTTPError(
+                404,
+                f"{path!r} not found at {commit.sha}",
+                "EntryNotFound",
+                {"X-Repo-Commit": commit.sha},
+            )
         hub = self.server.hub
         blob = hub.store.blob(repo_type, repo_id, entry)
         rng = _parse_range(self.headers.get("Range"), entry.size)
@@ -253,9 +270,13 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end}/{entry.size}")
         self.end_headers()
         if method == "GET" and end >= start:
-            self._send_file(blob, start, end - start + 1, repo_key, file_key, hub.faults.begin(file_key))
+            self._send_file(
+                blob, start, end - start + 1, repo_key, file_key, hub.faults.begin(file_key)
+            )
 
-    def _send_file(self, blob: Path, offset: int, length: int, repo_key: str, file_key: str, rule) -> None:
+    def _send_file(
+        self, blob: Path, offset: int, length: int, repo_key: str, file_key: str, rule
+    ) -> None:
         """sendfile() the byte range in bounded chunks, counting each, honouring fault rules."""
         stats = self.server.hub.stats
         sock = self.connection
@@ -265,11 +286,15 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 chunk = min(length - sent, _SEND_CHUNK)
                 rate = rule.bytes_per_second if rule is not None and rule.active else None
                 if rate:
-                    chunk = min(chunk, max(1, rate // 10))  # ~10 sends a second keeps the rate smooth
+                    chunk = min(
+                        chunk, max(1, rate // 10)
+                    )  # ~10 sends a second keeps the rate smooth
                 if rule is not None and rule.drop_after is not None:
                     chunk = min(chunk, rule.drop_after - sent)
                     if chunk <= 0:
-                        self.close_connection = True  # body cut short: the client sees a broken transfer
+                        self.close_connection = (
+                            True  # body cut short: the client sees a broken transfer
+                        )
                         return
                 began = time.monotonic()
                 n = _sendfile(sock, f.fileno(), offset + sent, chunk)
@@ -299,15 +324,22 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             flag = lambda name: query.get(name, ["false"])[0].lower() in ("1", "true")  # noqa: E731
             entries = tree(commit, prefix, flag("recursive"), flag("expand"))
             if entries is None:
-                raise _HTTPError(404, f"{prefix!r} not found", "EntryNotFound", {"X-Repo-Commit": commit.sha})
+                raise _HTTPError(
+                    404, f"{prefix!r} not found", "EntryNotFound", {"X-Repo-Commit": commit.sha}
+                )
             return self._send_json(200, entries)
         if rest == ["refs"]:
             try:
                 branches = hub.store.branches(repo_type, repo_id)
             except RepoNotFound as exc:
                 raise _HTTPError(404, str(exc), "RepoNotFound") from None
-            refs = [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": s} for b, s in branches.items()]
-            return self._send_json(200, {"branches": refs, "converts": [], "tags": [], "pullRequests": []})
+            refs = [
+                {"name": b, "ref": f"refs/heads/{b}", "targetCommit": s}
+                for b, s in branches.items()
+            ]
+            return self._send_json(
+                200, {"branches": refs, "converts": [], "tags": [], "pullRequests": []}
+            )
         raise _HTTPError(404, "not found")
 
     # -- operator endpoints ------------------------------------------------------------------------

@@ -73,7 +73,6 @@ class HubHTTPServer(ThreadingHTTPServer):
                 conn.shutdown(socket.SHUT_RDWR)
 
 
-
 class AddressError(OSError):
     """The address is a wildcard, not on this machine, or its port is taken."""
 
@@ -91,14 +90,20 @@ def check_address(host: str, port: int) -> None:
         # Stricter than bind(), which takes "0", "127.1" or "0x0" too: only the canonical forms.
         addr = ipaddress.ip_address(host)
     except ValueError:
-        raise AddressError(errno.EINVAL, f"{host!r}: give an IP address (loopback or bridge)") from None
+        raise AddressError(
+            errno.EINVAL, f"{host!r}: give an IP address (loopback or bridge)"
+        ) from None
     # A dual-stack socket bound to ::ffff:0.0.0.0 listens on every IPv4 address: judge what it maps.
     plain = getattr(addr, "ipv4_mapped", None) or addr
     if plain.is_unspecified:
-        raise AddressError(errno.EINVAL, f"refusing wildcard address {host!r}: bind loopback or the bridge")
+        raise AddressError(
+            errno.EINVAL, f"refusing wildcard address {host!r}: bind loopback or the bridge"
+        )
     # Linux lets a TCP socket bind multicast and broadcast addresses (255.255.255.255: reserved).
     if plain.is_multicast or (plain.version == 4 and plain.is_reserved):
-        raise AddressError(errno.EINVAL, f"refusing {host!r}: not a unicast address of this machine")
+        raise AddressError(
+            errno.EINVAL, f"refusing {host!r}: not a unicast address of this machine"
+        )
     if port:
         family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -129,7 +134,9 @@ def running_hub(
     Use the URL as HF_ENDPOINT (or the client's endpoint=); hub_stats()/set_fault() talk to it.
     """
     server = make_server(HubState(HubStore(root), token=token), host, port)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+    )
     thread.start()
     try:
         yield server.url
@@ -158,7 +165,9 @@ def serve(
     servers: list[HubHTTPServer] = []
     try:
         for host in hosts:
-            servers.append(make_server(hub, host, port or (servers[0].server_address[1] if servers else 0)))
+            servers.append(
+                make_server(hub, host, port or (servers[0].server_address[1] if servers else 0))
+            )
     except AddressError as exc:
         for server in servers:
             server.server_close()

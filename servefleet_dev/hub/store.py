@@ -67,7 +67,12 @@ class FileEntry:
         return lfs_pointer(self.lfs_sha256, self.size) if self.lfs_sha256 else b""
 
     def to_json(self) -> dict:
-        return {"path": self.path, "size": self.size, "oid": self.oid, "lfs_sha256": self.lfs_sha256}
+        return {
+            "path": self.path,
+            "size": self.size,
+            "oid": self.oid,
+            "lfs_sha256": self.lfs_sha256,
+        }
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,9 @@ class Commit:
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
     """The git-lfs pointer file git stores in place of an LFS file (its sha1 is the tree oid)."""
-    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+    return (
+        f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+    )
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -266,7 +273,10 @@ class HubStore:
             doc = json.loads(manifest.read_text())
         except FileNotFoundError:
             raise RevisionNotFound(f"revision {revision!r} not found in {repo_id!r}") from None
-        files = {f["path"]: FileEntry(f["path"], f["size"], f["oid"], f.get("lfs_sha256")) for f in doc["files"]}
+        files = {
+            f["path"]: FileEntry(f["path"], f["size"], f["oid"], f.get("lfs_sha256"))
+            for f in doc["files"]
+        }
         commit = Commit(doc["sha"], files, doc.get("message", ""), doc.get("created_at", ""))
         with self._lock:
             if len(self._manifests) > 256:
@@ -284,4 +294,3 @@ class HubStore:
 
     def blob(self, repo_type: str, repo_id: str, entry: FileEntry) -> Path:
         return self.repo(repo_type, repo_id) / "blobs" / entry.etag
-

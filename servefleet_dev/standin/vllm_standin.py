@@ -70,8 +70,15 @@ ME = "vllm stand-in"
 GUARDED_PREFIX = ("/v1", "/v2", "/inference")
 
 # The tiny checkpoint's tokenizer (shared/gpu-probe/scripts/mk_tok.py): 7 specials at 505-511.
-SPECIALS = {"<|endoftext|>": 505, "<|vision_start|>": 506, "<|vision_end|>": 507,
-            "<|image_pad|>": 508, "<|video_pad|>": 509, "<|im_start|>": 510, "<|im_end|>": 511}
+SPECIALS = {
+    "<|endoftext|>": 505,
+    "<|vision_start|>": 506,
+    "<|vision_end|>": 507,
+    "<|image_pad|>": 508,
+    "<|video_pad|>": 509,
+    "<|im_start|>": 510,
+    "<|im_end|>": 511,
+}
 SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
 ID_TO_SPECIAL = {v: k for k, v in SPECIALS.items()}
 EOS_ID = 511
@@ -101,9 +108,11 @@ def out(line=""):
 # Data: the recordings, the help text
 # ------------------------------------------------------------------------------------------
 
+
 def data_dir():
     return os.environ.get(DATA_ENV) or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), DATA_DIR_NAME)
+        os.path.dirname(os.path.abspath(__file__)), DATA_DIR_NAME
+    )
 
 
 def load_index(data):
@@ -160,11 +169,20 @@ def human_readable_int(value):
 # Command line
 # ------------------------------------------------------------------------------------------
 
+
 def parse_serve(argv, flags):
     """`serve` argv (after "serve") -> dict of the options the stand-in uses; unknown -> Refusal."""
-    opts = {"model": None, "served_model_name": None, "max_model_len": None,
-            "kv_cache_memory_bytes": None, "host": None, "port": "8000", "api_key": None,
-            "help": False, "given": {}}
+    opts = {
+        "model": None,
+        "served_model_name": None,
+        "max_model_len": None,
+        "kv_cache_memory_bytes": None,
+        "host": None,
+        "port": "8000",
+        "api_key": None,
+        "help": False,
+        "given": {},
+    }
     unknown, positionals = [], []
     i = 0
     while i < len(argv):
@@ -207,7 +225,9 @@ def parse_serve(argv, flags):
                 if nargs == "?":
                     break
             if nargs == "+" and not values:
-                raise Refusal(f"vllm serve: error: argument {base}: expected at least one argument", 2)
+                raise Refusal(
+                    f"vllm serve: error: argument {base}: expected at least one argument", 2
+                )
         key = base[2:].replace("-", "_")
         if dotted:
             continue
@@ -234,12 +254,17 @@ def parse_serve(argv, flags):
             try:
                 opts[key] = human_readable_int(opts[key])
             except ValueError:
-                raise Refusal(f"vllm serve: error: argument --{key.replace('_', '-')}: "
-                              f"invalid value: {opts[key]!r}", 2) from None
+                raise Refusal(
+                    f"vllm serve: error: argument --{key.replace('_', '-')}: "
+                    f"invalid value: {opts[key]!r}",
+                    2,
+                ) from None
     try:
         opts["port"] = int(opts["port"])
     except ValueError:
-        raise Refusal(f"vllm serve: error: argument --port: invalid value: {opts['port']!r}", 2) from None
+        raise Refusal(
+            f"vllm serve: error: argument --port: invalid value: {opts['port']!r}", 2
+        ) from None
     opts["served_model_name"] = opts["served_model_name"] or [opts["model"]]
     return opts
 
@@ -248,15 +273,21 @@ def parse_serve(argv, flags):
 # What it was started with: vLLM version, checkpoint
 # ------------------------------------------------------------------------------------------
 
+
 def installed_version(venv):
     """Version: header of $VIRTUAL_ENV/lib/python3.*/site-packages/vllm-*.dist-info/METADATA."""
     if not venv:
         raise Refusal(f"{ME}: VIRTUAL_ENV is not set: cannot tell which vLLM version to replay")
-    found = sorted(glob.glob(os.path.join(venv, "lib", "python3.*", "site-packages",
-                                          "vllm-*.dist-info", "METADATA")))
+    found = sorted(
+        glob.glob(
+            os.path.join(venv, "lib", "python3.*", "site-packages", "vllm-*.dist-info", "METADATA")
+        )
+    )
     if len(found) != 1:
-        raise Refusal(f"{ME}: expected one vllm-*.dist-info/METADATA under {venv}/lib/python3.*/"
-                      f"site-packages, found {len(found)}")
+        raise Refusal(
+            f"{ME}: expected one vllm-*.dist-info/METADATA under {venv}/lib/python3.*/"
+            f"site-packages, found {len(found)}"
+        )
     with open(found[0], encoding="utf-8", errors="replace") as f:
         for line in f:
             if not line.strip():
@@ -281,24 +312,35 @@ def serve_help(index, version):
         if entry["vllm_version"] == version:
             return entry
     captured = ", ".join(e["vllm_version"] for e in index["serve_help"])
-    raise Refusal(f"{ME}: no `vllm serve --help=all` of vLLM {version} is captured (captured: "
-                  f"{captured}): its flags are unknown, so no unit of it is checked")
+    raise Refusal(
+        f"{ME}: no `vllm serve --help=all` of vLLM {version} is captured (captured: "
+        f"{captured}): its flags are unknown, so no unit of it is checked"
+    )
 
 
 def find_recording(index, version, sha, max_model_len, kv_bytes):
     recordings = index.get("recordings", [])
     for rec in recordings:
-        if (rec["vllm_version"], rec["config_sha256"], rec["max_model_len"],
-                rec["kv_cache_memory_bytes"]) == (version, sha, max_model_len, kv_bytes):
+        if (
+            rec["vllm_version"],
+            rec["config_sha256"],
+            rec["max_model_len"],
+            rec["kv_cache_memory_bytes"],
+        ) == (version, sha, max_model_len, kv_bytes):
             return rec
-    recorded = "; ".join(
-        f"vLLM {r['vllm_version']} config {r['config_sha256'][:12]} max_model_len "
-        f"{r['max_model_len']} kv_cache_memory_bytes {r['kv_cache_memory_bytes']}"
-        for r in recordings) or "none"
+    recorded = (
+        "; ".join(
+            f"vLLM {r['vllm_version']} config {r['config_sha256'][:12]} max_model_len "
+            f"{r['max_model_len']} kv_cache_memory_bytes {r['kv_cache_memory_bytes']}"
+            for r in recordings
+        )
+        or "none"
+    )
     raise Refusal(
         f"{ME}: no H200 recording for vLLM {version}, config.json sha256 {sha}, max_model_len "
         f"{'unset' if max_model_len is None else max_model_len}, kv_cache_memory_bytes "
-        f"{'unset' if kv_bytes is None else kv_bytes}; recorded: {recorded}")
+        f"{'unset' if kv_bytes is None else kv_bytes}; recorded: {recorded}"
+    )
 
 
 # What a recording's "non-default args" may differ in from the argv: the node's own paths and
@@ -337,8 +379,10 @@ def argv_mismatch(given, recorded, probe_only):
     for key in sorted((set(given) | set(recorded)) - skip):
         a, r = given.get(key), recorded.get(key)
         if a is None or r is None or _norm(a) != _norm(r):
-            out.append(f"{key}: argv {'unset' if a is None else a!r}, recorded "
-                       f"{'unset' if r is None else r!r}")
+            out.append(
+                f"{key}: argv {'unset' if a is None else a!r}, recorded "
+                f"{'unset' if r is None else r!r}"
+            )
     return out
 
 
@@ -346,13 +390,17 @@ def check_recording(opts, recording, path):
     """Refuse to replay a recording made with other arguments than this argv."""
     recorded = recorded_args(path)
     if recorded is None:
-        raise Refusal(f"{ME}: {recording['file']} has no `non-default args` line: cannot tell "
-                      f"what the recorded engine was started with")
+        raise Refusal(
+            f"{ME}: {recording['file']} has no `non-default args` line: cannot tell "
+            f"what the recorded engine was started with"
+        )
     differ = argv_mismatch(opts["given"], recorded, recording.get("probe_only_args", ()))
     if differ:
-        raise Refusal(f"{ME}: {recording['file']} was recorded with other arguments than this "
-                      f"argv ({'; '.join(differ)}): record this argv on a GPU node "
-                      f"(tests/device/), a replay would show another engine's start")
+        raise Refusal(
+            f"{ME}: {recording['file']} was recorded with other arguments than this "
+            f"argv ({'; '.join(differ)}): record this argv on a GPU node "
+            f"(tests/device/), a replay would show another engine's start"
+        )
 
 
 def replay_instead():
@@ -381,6 +429,7 @@ def fail_versions():
 # ------------------------------------------------------------------------------------------
 # Tokenizer and "generation"
 # ------------------------------------------------------------------------------------------
+
 
 def encode(text):
     ids = []
@@ -415,8 +464,11 @@ def message_text(content):
 
 def render_chat(messages, add_generation_prompt=True):
     """The probe tokenizer's ChatML template (shared/gpu-probe/scripts/chat_template.jinja)."""
-    text = "".join(f"<|im_start|>{m.get('role', '')}\n{message_text(m.get('content'))}<|im_end|>\n"
-                   for m in messages if isinstance(m, dict))
+    text = "".join(
+        f"<|im_start|>{m.get('role', '')}\n{message_text(m.get('content'))}<|im_end|>\n"
+        for m in messages
+        if isinstance(m, dict)
+    )
     return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
@@ -425,8 +477,11 @@ def completion_tokens(prompt_ids, temperature, seed, max_tokens, ignore_eos):
     if temperature == 0:
         text = GREEDY_TEXT
     else:
-        rng = random.Random(seed if seed is not None else hashlib.sha256(bytes(
-            str(prompt_ids), "ascii")).hexdigest())
+        rng = random.Random(
+            seed
+            if seed is not None
+            else hashlib.sha256(bytes(str(prompt_ids), "ascii")).hexdigest()
+        )
         text = " ".join(rng.choice(WORDS) for _ in range(8)) + ". "
     sentence = encode(text)
     if not ignore_eos and max_tokens > len(sentence):
@@ -453,28 +508,41 @@ def sampling(body, prompt_len, max_model_len):
     temperature = 1.0 if temperature is None else temperature
     if not isinstance(temperature, (int, float)) or temperature < 0:
         raise BadRequest(f"temperature must be non-negative, got {temperature}.", "temperature")
-    if prompt_len > max_model_len or (max_tokens is not None and prompt_len + max_tokens > max_model_len):
+    if prompt_len > max_model_len or (
+        max_tokens is not None and prompt_len + max_tokens > max_model_len
+    ):
         requested = max_tokens if max_tokens is not None else 0
         raise BadRequest(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {requested} output tokens and your prompt contains {prompt_len} input "
             f"tokens, for a total of {prompt_len + requested} tokens. Please reduce the length "
-            f"of the input prompt or the number of requested output tokens.", "input_tokens")
+            f"of the input prompt or the number of requested output tokens.",
+            "input_tokens",
+        )
     if max_tokens is None:
         max_tokens = max_model_len - prompt_len
         if max_tokens < 1:
-            raise BadRequest(f"Input length ({prompt_len}) exceeds model's maximum context "
-                             f"length ({max_model_len}).", "input_tokens")
+            raise BadRequest(
+                f"Input length ({prompt_len}) exceeds model's maximum context "
+                f"length ({max_model_len}).",
+                "input_tokens",
+            )
     n = body.get("n") or 1
     if not isinstance(n, int) or n < 1:
         raise BadRequest(f"n must be at least 1, got {n}.", "n")
-    return {"max_tokens": max_tokens, "temperature": float(temperature), "seed": body.get("seed"),
-            "ignore_eos": bool(body.get("ignore_eos")), "n": n}
+    return {
+        "max_tokens": max_tokens,
+        "temperature": float(temperature),
+        "seed": body.get("seed"),
+        "ignore_eos": bool(body.get("ignore_eos")),
+        "n": n,
+    }
 
 
 # ------------------------------------------------------------------------------------------
 # HTTP
 # ------------------------------------------------------------------------------------------
+
 
 class Engine:
     """What the handlers need: names, max_model_len, keys, version, a lock for stdout."""
@@ -513,16 +581,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def version_string(self):
         return "uvicorn"
+
     # -- plumbing ------------------------------------------------------------------------
     def log_message(self, fmt, *args):  # errors from the base class
-        self.engine.log(f"(APIServer pid={os.getpid()}) INFO:     {self.address_string()} - {fmt % args}")
+        self.engine.log(
+            f"(APIServer pid={os.getpid()}) INFO:     {self.address_string()} - {fmt % args}"
+        )
 
     def log_request(self, code="-", size="-"):
         code = int(code) if str(code).isdigit() else code
         phrase = self.responses.get(code, ("",))[0] if isinstance(code, int) else ""
-        self.engine.log(f"(APIServer pid={os.getpid()}) INFO:     {self.client_address[0]}:"
-                        f"{self.client_address[1]} - \"{self.command} {self.path} "
-                        f"{self.request_version}\" {code} {phrase}".rstrip())
+        self.engine.log(
+            f"(APIServer pid={os.getpid()}) INFO:     {self.client_address[0]}:"
+            f'{self.client_address[1]} - "{self.command} {self.path} '
+            f'{self.request_version}" {code} {phrase}'.rstrip()
+        )
 
     def send_json(self, status, obj):
         data = json.dumps(obj).encode()
@@ -539,8 +612,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def send_error_response(self, err):
-        self.send_json(err.status, {"error": {"message": err.message, "type": err.err_type,
-                                              "param": err.param, "code": err.status}})
+        self.send_json(
+            err.status,
+            {
+                "error": {
+                    "message": err.message,
+                    "type": err.err_type,
+                    "param": err.param,
+                    "code": err.status,
+                }
+            },
+        )
 
     def read_json(self):
         length = int(self.headers.get("Content-Length") or 0)
@@ -564,9 +646,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     # -- dispatch ------------------------------------------------------------------------
     ROUTES = {
-        "/health": ("GET",), "/ping": ("GET", "POST"), "/version": ("GET",),
-        "/v1/models": ("GET",), "/v1/chat/completions": ("POST",), "/v1/completions": ("POST",),
-        "/tokenize": ("POST",), "/detokenize": ("POST",),
+        "/health": ("GET",),
+        "/ping": ("GET", "POST"),
+        "/version": ("GET",),
+        "/v1/models": ("GET",),
+        "/v1/chat/completions": ("POST",),
+        "/v1/completions": ("POST",),
+        "/tokenize": ("POST",),
+        "/detokenize": ("POST",),
     }
 
     def do_GET(self):
@@ -589,8 +676,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def dispatch(self):
         path = self.path.split("?", 1)[0]
-        if (self.engine.key_hashes and self.command != "OPTIONS" and path.startswith(GUARDED_PREFIX)
-                and not self.engine.authorized(self.headers.get("Authorization"))):
+        if (
+            self.engine.key_hashes
+            and self.command != "OPTIONS"
+            and path.startswith(GUARDED_PREFIX)
+            and not self.engine.authorized(self.headers.get("Authorization"))
+        ):
             self.drain()
             return self.send_json(401, {"error": "Unauthorized"})
         methods = self.ROUTES.get(path)
@@ -608,8 +699,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
         except Exception as exc:  # a bug here: answer like vLLM's generic handler, keep serving
             self.close_connection = True
-            self.send_error_response(BadRequest(f"{type(exc).__name__}: {exc}", None, 500,
-                                                "InternalServerError"))
+            self.send_error_response(
+                BadRequest(f"{type(exc).__name__}: {exc}", None, 500, "InternalServerError")
+            )
 
     def drain(self):
         length = int(self.headers.get("Content-Length") or 0)
@@ -629,16 +721,40 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def route_v1_models(self):
         e = self.engine
-        self.send_json(200, {"object": "list", "data": [{
-            "id": name, "object": "model", "created": e.created, "owned_by": "vllm",
-            "root": e.model_path, "parent": None, "max_model_len": e.max_model_len,
-            "permission": [{
-                "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
-                "created": e.created, "allow_create_engine": False, "allow_sampling": True,
-                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                "allow_fine_tuning": False, "organization": "*", "group": None,
-                "is_blocking": False}],
-        } for name in e.names]})
+        self.send_json(
+            200,
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": e.created,
+                        "owned_by": "vllm",
+                        "root": e.model_path,
+                        "parent": None,
+                        "max_model_len": e.max_model_len,
+                        "permission": [
+                            {
+                                "id": f"modelperm-{uuid.uuid4().hex}",
+                                "object": "model_permission",
+                                "created": e.created,
+                                "allow_create_engine": False,
+                                "allow_sampling": True,
+                                "allow_logprobs": True,
+                                "allow_search_indices": False,
+                                "allow_view": True,
+                                "allow_fine_tuning": False,
+                                "organization": "*",
+                                "group": None,
+                                "is_blocking": False,
+                            }
+                        ],
+                    }
+                    for name in e.names
+                ],
+            },
+        )
 
     def route_tokenize(self):
         body = self.read_json()
@@ -651,8 +767,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ids = encode(body["prompt"])
         else:
             raise BadRequest("prompt: Field required", "prompt")
-        answer = {"count": len(ids), "max_model_len": self.engine.max_model_len, "tokens": ids,
-                  "token_strs": [decode([t]) for t in ids] if body.get("return_token_strs") else None}
+        answer = {
+            "count": len(ids),
+            "max_model_len": self.engine.max_model_len,
+            "tokens": ids,
+            "token_strs": [decode([t]) for t in ids] if body.get("return_token_strs") else None,
+        }
         self.send_json(200, answer)
 
     def route_detokenize(self):
@@ -660,7 +780,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.check_model(body)
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) and t >= 0 for t in tokens):
-            raise BadRequest("tokens: Input should be a valid list of non-negative integers", "tokens")
+            raise BadRequest(
+                "tokens: Input should be a valid list of non-negative integers", "tokens"
+            )
         self.send_json(200, {"prompt": decode(tokens)})
 
     def route_v1_chat_completions(self):
@@ -683,42 +805,87 @@ class Handler(http.server.BaseHTTPRequestHandler):
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             prompt_ids = list(prompt)
         else:
-            raise BadRequest("prompt: the stand-in takes one string or one list of token ids", "prompt")
+            raise BadRequest(
+                "prompt: the stand-in takes one string or one list of token ids", "prompt"
+            )
         self.generate(body, model, prompt_ids, chat=False)
 
     # -- generation ----------------------------------------------------------------------
     def generate(self, body, model, prompt_ids, chat):
         s = sampling(body, len(prompt_ids), self.engine.max_model_len)
-        outputs = [completion_tokens(prompt_ids, s["temperature"],
-                                     None if s["seed"] is None else s["seed"] + k,
-                                     s["max_tokens"], s["ignore_eos"]) for k in range(s["n"])]
-        usage = {"prompt_tokens": len(prompt_ids),
-                 "total_tokens": len(prompt_ids) + sum(len(ids) for ids, _ in outputs),
-                 "completion_tokens": sum(len(ids) for ids, _ in outputs),
-                 "prompt_tokens_details": None}
+        outputs = [
+            completion_tokens(
+                prompt_ids,
+                s["temperature"],
+                None if s["seed"] is None else s["seed"] + k,
+                s["max_tokens"],
+                s["ignore_eos"],
+            )
+            for k in range(s["n"])
+        ]
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "total_tokens": len(prompt_ids) + sum(len(ids) for ids, _ in outputs),
+            "completion_tokens": sum(len(ids) for ids, _ in outputs),
+            "prompt_tokens_details": None,
+        }
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         if body.get("stream"):
             return self.stream(body, model, rid, created, outputs, usage, chat)
         if chat:
-            choices = [{"index": k, "message": {"role": "assistant", "content": decode(ids),
-                                                "refusal": None, "annotations": None, "audio": None,
-                                                "function_call": None, "tool_calls": [],
-                                                "reasoning": None},
-                        "logprobs": None, "finish_reason": reason, "stop_reason": None,
-                        "token_ids": None}
-                       for k, (ids, reason) in enumerate(outputs)]
+            choices = [
+                {
+                    "index": k,
+                    "message": {
+                        "role": "assistant",
+                        "content": decode(ids),
+                        "refusal": None,
+                        "annotations": None,
+                        "audio": None,
+                        "function_call": None,
+                        "tool_calls": [],
+                        "reasoning": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": reason,
+                    "stop_reason": None,
+                    "token_ids": None,
+                }
+                for k, (ids, reason) in enumerate(outputs)
+            ]
             obj = "chat.completion"
         else:
-            choices = [{"index": k, "text": decode(ids), "logprobs": None, "finish_reason": reason,
-                        "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
-                        "prompt_token_ids": None}
-                       for k, (ids, reason) in enumerate(outputs)]
+            choices = [
+                {
+                    "index": k,
+                    "text": decode(ids),
+                    "logprobs": None,
+                    "finish_reason": reason,
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": None,
+                }
+                for k, (ids, reason) in enumerate(outputs)
+            ]
             obj = "text_completion"
-        self.send_json(200, {"id": rid, "object": obj, "created": created, "model": model,
-                             "choices": choices, "service_tier": None, "system_fingerprint": None,
-                             "usage": usage, "prompt_logprobs": None, "prompt_token_ids": None,
-                             "kv_transfer_params": None})
+        self.send_json(
+            200,
+            {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": choices,
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "kv_transfer_params": None,
+            },
+        )
 
     def stream(self, body, model, rid, created, outputs, usage, chat):
         options = body.get("stream_options") or {}
@@ -733,32 +900,55 @@ class Handler(http.server.BaseHTTPRequestHandler):
         prompt_len = usage["prompt_tokens"]
 
         def event(choices, chunk_usage=None, final=False):
-            chunk = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
+            chunk = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": choices,
+            }
             if chunk_usage is not None or final:
                 chunk["usage"] = chunk_usage
             self.write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
 
         def running_usage(done):
-            return {"prompt_tokens": prompt_len, "total_tokens": prompt_len + done,
-                    "completion_tokens": done}
+            return {
+                "prompt_tokens": prompt_len,
+                "total_tokens": prompt_len + done,
+                "completion_tokens": done,
+            }
 
         if chat:
             for k in range(len(outputs)):
-                event([{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                        "finish_reason": None}], running_usage(0) if continuous else None)
+                event(
+                    [
+                        {
+                            "index": k,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                    running_usage(0) if continuous else None,
+                )
         for k, (ids, reason) in enumerate(outputs):
             for pos, tid in enumerate(ids):
                 time.sleep(TOKEN_DELAY_S)
                 last = pos == len(ids) - 1
                 piece = decode([tid])
-                choice = ({"index": k, "delta": {"content": piece}} if chat
-                          else {"index": k, "text": piece})
+                choice = (
+                    {"index": k, "delta": {"content": piece}}
+                    if chat
+                    else {"index": k, "text": piece}
+                )
                 choice.update({"logprobs": None, "finish_reason": reason if last else None})
                 if last:
                     choice["stop_reason"] = None
                 event([choice], running_usage(pos + 1) if continuous else None)
             if not ids:
-                choice = ({"index": k, "delta": {"content": ""}} if chat else {"index": k, "text": ""})
+                choice = (
+                    {"index": k, "delta": {"content": ""}} if chat else {"index": k, "text": ""}
+                )
                 choice.update({"logprobs": None, "finish_reason": reason, "stop_reason": None})
                 event([choice])
         if include_usage:
@@ -785,6 +975,7 @@ class Server6(Server):
 # Start
 # ------------------------------------------------------------------------------------------
 
+
 def startup_lines(path):
     """The recording's lines up to and including the first "Application startup complete."."""
     lines = []
@@ -803,21 +994,31 @@ def simulated_crash(lines, version, fail_file):
         head.append(line)
         if ENGINE_INIT in line:
             break
-    out(f"{ME}: replaying the first startup lines of the real vLLM {version} engine recorded on "
-        f"an H200, then a simulated engine failure ({version} is listed in {fail_file})")
+    out(
+        f"{ME}: replaying the first startup lines of the real vLLM {version} engine recorded on "
+        f"an H200, then a simulated engine failure ({version} is listed in {fail_file})"
+    )
     for line in head[:40]:
         out(line)
     stamp = time.strftime("%m-%d %H:%M:%S")
     pid = os.getpid()
     prefix = f"(EngineCore pid={pid}) ERROR {stamp} [core.py:1231]"
-    why = (f"RuntimeError: simulated engine start failure ({ME}: vLLM {version} is listed in "
-           f"{fail_file})")
-    for line in ("EngineCore failed to start.", "Traceback (most recent call last):",
-                 '  File "vllm/v1/engine/core.py", line 1200, in run_engine_core',
-                 "    engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)", why):
+    why = (
+        f"RuntimeError: simulated engine start failure ({ME}: vLLM {version} is listed in "
+        f"{fail_file})"
+    )
+    for line in (
+        "EngineCore failed to start.",
+        "Traceback (most recent call last):",
+        '  File "vllm/v1/engine/core.py", line 1200, in run_engine_core',
+        "    engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)",
+        why,
+    ):
         out(f"{prefix} {line}")
-    out(f"(APIServer pid={pid}) RuntimeError: Engine core initialization failed. See root cause "
-        f"above. Failed core proc(s): {{}}")
+    out(
+        f"(APIServer pid={pid}) RuntimeError: Engine core initialization failed. See root cause "
+        f"above. Failed core proc(s): {{}}"
+    )
     return 1
 
 
@@ -828,8 +1029,10 @@ def serve(opts, version, lines, recording):
         if SERVER_START in line:
             target = after
         target.append(line)
-    out(f"{ME}: replaying the real vLLM {version} engine's startup recorded on an H200 "
-        f"({recording['file']}); this is not vLLM, nothing is computed")
+    out(
+        f"{ME}: replaying the real vLLM {version} engine's startup recorded on an H200 "
+        f"({recording['file']}); this is not vLLM, nothing is computed"
+    )
     for line in before:
         out(line)
 
@@ -839,8 +1042,10 @@ def serve(opts, version, lines, recording):
     try:
         server = (Server6 if ":" in host else Server)((host, opts["port"]), handler)
     except OSError as exc:
-        out(f"(APIServer pid={os.getpid()}) ERROR: [Errno {exc.errno}] error while attempting to "
-            f"bind on address ({host!r}, {opts['port']}): {exc.strerror}")
+        out(
+            f"(APIServer pid={os.getpid()}) ERROR: [Errno {exc.errno}] error while attempting to "
+            f"bind on address ({host!r}, {opts['port']}): {exc.strerror}"
+        )
         return 1
     for line in after:
         out(line)
@@ -849,7 +1054,9 @@ def serve(opts, version, lines, recording):
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+    )
     thread.start()
     while not stop.wait(1.0):
         pass

@@ -47,9 +47,13 @@ INDEX_PORT = 8092
 GROUP = "h200_gpu"  # the inventory's file-name group: group_data/h200_gpu.py
 PART_BYTES = 60 * 1024**2  # one part per device call (64 MiB with the working tree)
 # The guest's docs, manuals and translations are not carried (a smaller tarball, fewer calls).
-DPKG_OPTS = ("path-exclude=/usr/share/doc/*", "path-exclude=/usr/share/man/*",
-             "path-exclude=/usr/share/info/*", "path-exclude=/usr/share/locale/*",
-             "path-include=/usr/share/locale/locale.alias")
+DPKG_OPTS = (
+    "path-exclude=/usr/share/doc/*",
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/locale/*",
+    "path-include=/usr/share/locale/locale.alias",
+)
 # Beside the recipe's packages: Debian's systemd-nspawn for the launching chroot (the H200 has
 # none), procps for looking inside.
 LAUNCH_PACKAGES = ["systemd-container", "procps"]
@@ -67,8 +71,7 @@ def recipe_data() -> dict:
 def packages() -> list[str]:
     """The testbed image's packages plus every Debian package the 4090 recipe installs."""
     data = recipe_data()
-    extra = [p for key in ("os_packages", "llamacpp_build_packages")
-             for p in data[key]["debian"]]
+    extra = [p for key in ("os_packages", "llamacpp_build_packages") for p in data[key]["debian"]]
     return sorted(set(image.PACKAGES + extra + LAUNCH_PACKAGES))
 
 
@@ -79,20 +82,47 @@ def node_image(log=print) -> Path:
 def tool_pins() -> dict[str, str]:
     """The tools venv's pins of the recipe (base.TOOLS, MODEL_TOOLS, GGUF_TOOLS)."""
     data = recipe_data()
-    return {"uv": data["uv_version"], "huggingface-hub": data["huggingface_hub_version"],
-            "gguf": data["llamacpp_gguf_version"]}
+    return {
+        "uv": data["uv_version"],
+        "huggingface-hub": data["huggingface_hub_version"],
+        "gguf": data["llamacpp_gguf_version"],
+    }
 
 
 def _pip_download(dest: Path, requirements: list[str], python_version: str) -> None:
     """Binary wheels for the guest's CPython (x86_64 manylinux), with their dependencies."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                    "--python-version", python_version, "--implementation", "cp",
-                    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
-                    "--platform", "manylinux2014_x86_64", "--platform", "any",
-                    "--dest", str(dest), *requirements],
-                   check=True, env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()),
-                                    "PIP_CERT": "/etc/ssl/certs/ca-certificates.crt",
-                                    "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--only-binary=:all:",
+            "--python-version",
+            python_version,
+            "--implementation",
+            "cp",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--platform",
+            "manylinux2014_x86_64",
+            "--platform",
+            "any",
+            "--dest",
+            str(dest),
+            *requirements,
+        ],
+        check=True,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(Path.home()),
+            "PIP_CERT": "/etc/ssl/certs/ca-certificates.crt",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        },
+    )
 
 
 def _normalize(name: str) -> str:
@@ -108,9 +138,18 @@ def simple_index(wheels: Path, index: Path) -> None:
 
 
 def _guest_python(rootfs: Path) -> str:
-    out = subprocess.run(["chroot", str(rootfs), "python3", "-c",
-                          "import sys; print('%d.%d' % sys.version_info[:2])"],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            "chroot",
+            str(rootfs),
+            "python3",
+            "-c",
+            "import sys; print('%d.%d' % sys.version_info[:2])",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return out.stdout.strip()
 
 
@@ -127,8 +166,11 @@ def _seed(rootfs: Path) -> tuple[str, Path]:
     hosts._seed(rootfs, record.name, record.address, record.ssh_port)
     # Shares the H200's network namespace: no host0 to configure, no resolver to reach.
     (rootfs / "etc/systemd/network/10-host0.network").unlink()
-    subprocess.run(["chroot", str(rootfs), "systemctl", "disable", "systemd-networkd"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["chroot", str(rootfs), "systemctl", "disable", "systemd-networkd"],
+        check=True,
+        capture_output=True,
+    )
     key = (rootfs / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
     return f"{hosts.known_hosts_name(record)} {key[0]} {key[1]}\n", hosts.ssh_key()
 
@@ -159,9 +201,22 @@ def pack(out: Path, log=print) -> dict:
         wheels = Path(tmp) / "operator-wheels"
         _pip_download(wheels, operator_requirements(), pyver)
         site = rootfs / OPERATOR_DIR.lstrip("/") / "site"
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index",
-                        "--no-deps", "--no-compile", "--target", str(site),
-                        *map(str, sorted(wheels.glob("*.whl")))], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--target",
+                str(site),
+                *map(str, sorted(wheels.glob("*.whl"))),
+            ],
+            check=True,
+        )
         log(f"wheelhouse of the tools venv: {tool_pins()}")
         node_wheels = Path(tmp) / "node-wheels"
         _pip_download(node_wheels, [f"{n}=={v}" for n, v in tool_pins().items()], pyver)
@@ -170,28 +225,52 @@ def pack(out: Path, log=print) -> dict:
         mirror = stage / "git" / llama_src.MIRROR_NAME
         got = llama_src.commits(mirror, tags=(data["llamacpp_tag"],))
         if got.get(data["llamacpp_tag"]) != data["llamacpp_commit"]:
-            raise RuntimeError(f"the mirror holds {got}, group_data/{GROUP}.py pins "
-                               f"{data['llamacpp_tag']} = {data['llamacpp_commit']}")
-        subprocess.run(["git", "--git-dir", str(mirror), "gc", "--quiet", "--aggressive"],
-                       check=True)
+            raise RuntimeError(
+                f"the mirror holds {got}, group_data/{GROUP}.py pins "
+                f"{data['llamacpp_tag']} = {data['llamacpp_commit']}"
+            )
+        subprocess.run(
+            ["git", "--git-dir", str(mirror), "gc", "--quiet", "--aggressive"], check=True
+        )
         log("the tiny GGUF with the missing-MTP defect on the hub")
         with tempfile.TemporaryDirectory() as src:
             build_tiny_gguf(Path(src) / data["model_file"], layout="field_missing_mtp")
             publish(stage / "hub", data["model_repo"], src)
         log("compressing")
         tarball = Path(tmp) / "payload.tar.xz"
-        subprocess.run(["tar", "-C", str(stage.parent), "--numeric-owner", "-I", "xz -T0 -6",
-                        "-cf", str(tarball), "payload"], check=True)
-        manifest = {"sha256": _sha256(tarball), "bytes": tarball.stat().st_size,
-                    "parts": [], "known_hosts": known, "node": NODE}
+        subprocess.run(
+            [
+                "tar",
+                "-C",
+                str(stage.parent),
+                "--numeric-owner",
+                "-I",
+                "xz -T0 -6",
+                "-cf",
+                str(tarball),
+                "payload",
+            ],
+            check=True,
+        )
+        manifest = {
+            "sha256": _sha256(tarball),
+            "bytes": tarball.stat().st_size,
+            "parts": [],
+            "known_hosts": known,
+            "node": NODE,
+        }
         with open(tarball, "rb") as fh:
             index = 0
             while chunk := fh.read(PART_BYTES):
                 part = out / f"c{index:02d}" / "part"
                 part.parent.mkdir()
                 part.write_bytes(chunk)
-                manifest["parts"].append({"path": str(part.relative_to(out)),
-                                          "sha256": hashlib.sha256(chunk).hexdigest()})
+                manifest["parts"].append(
+                    {
+                        "path": str(part.relative_to(out)),
+                        "sha256": hashlib.sha256(chunk).hexdigest(),
+                    }
+                )
                 index += 1
     (out / "payload.json").write_text(json.dumps(manifest, indent=1) + "\n")
     for index in range(len(manifest["parts"])):  # each call's part knows the whole
@@ -210,8 +289,10 @@ def _sha256(path: Path) -> str:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["settings"]:  # for tests/device/gpunode.sh, as shell assignments
-        print(f"SSH_PORT={SSH_PORT} HUB_PORT={HUB_PORT} INDEX_PORT={INDEX_PORT} "
-              f"POLICY={shlex.quote(' '.join(hosts.DEVICE_POLICY_ARGS))}")
+        print(
+            f"SSH_PORT={SSH_PORT} HUB_PORT={HUB_PORT} INDEX_PORT={INDEX_PORT} "
+            f"POLICY={shlex.quote(' '.join(hosts.DEVICE_POLICY_ARGS))}"
+        )
         return 0
     if argv[:1] == ["pack"]:
         out = Path(argv[1]) if len(argv) > 1 else Path(".devrun/gpunode")

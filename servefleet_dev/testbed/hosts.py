@@ -14,8 +14,14 @@ from pathlib import Path
 from servefleet_dev.testbed import net
 from servefleet_dev.testing.wheels import cache_lock
 from servefleet_dev.testbed.image import ADMIN_UID, ADMIN_USER
-from servefleet_dev.testbed.state import (HostRecord, common_dir, instance,
-                                          known_hosts_path, shared_dir, testbed_dir)
+from servefleet_dev.testbed.state import (
+    HostRecord,
+    common_dir,
+    instance,
+    known_hosts_path,
+    shared_dir,
+    testbed_dir,
+)
 
 GUEST_CACHE = "/var/cache/servefleet"  # where the host-side caches appear inside every guest
 # nspawn's default system-call filter refuses bpf(), and a guest's systemd then enforces no
@@ -36,8 +42,6 @@ def hosts_dir() -> Path:
     return path
 
 
-
-
 def _apt_cache(name: str) -> Path:
     path = shared_dir() / "apt" / f"{instance()}-{name}"
     (path / "partial").mkdir(parents=True, exist_ok=True)
@@ -53,16 +57,43 @@ def ssh_key() -> Path:
         if not key.with_suffix(".pub").exists():
             key.parent.mkdir(mode=0o700, exist_ok=True)
             key.unlink(missing_ok=True)  # a half-made pair from an interrupted run
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
-                            "servefleet-testbed", "-f", str(key)], check=True)
+            subprocess.run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    "servefleet-testbed",
+                    "-f",
+                    str(key),
+                ],
+                check=True,
+            )
     return key
 
 
 def ssh_base_args(port: int = 22) -> list[str]:
     """ssh to a guest with its pinned host key (the testbed's known_hosts)."""
-    return ["ssh", "-i", str(ssh_key()), "-p", str(port), "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={known_hosts_path()}", "-o", "LogLevel=ERROR",
-            "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+    return [
+        "ssh",
+        "-i",
+        str(ssh_key()),
+        "-p",
+        str(port),
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={known_hosts_path()}",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=5",
+    ]
 
 
 def ssh_args(record: HostRecord, user: str = "root") -> list[str]:
@@ -101,9 +132,11 @@ def _seed(upper: Path, name: str, address: str, ssh_port: int) -> None:
     _write(upper / "etc/hostname", f"{name}\n")
     _write(upper / "etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {name}\n")
     _write(upper / "etc/machine-id", secrets.token_hex(16) + "\n", 0o444)
-    _write(upper / "etc/systemd/network/10-host0.network",
-           f"[Match]\nName=host0\n\n[Network]\nAddress={address}/{net.SUBNET.prefixlen}\n"
-           f"Gateway={net.GATEWAY}\nDNS={net.SLIRP_DNS}\nLinkLocalAddressing=no\n")
+    _write(
+        upper / "etc/systemd/network/10-host0.network",
+        f"[Match]\nName=host0\n\n[Network]\nAddress={address}/{net.SUBNET.prefixlen}\n"
+        f"Gateway={net.GATEWAY}\nDNS={net.SLIRP_DNS}\nLinkLocalAddressing=no\n",
+    )
     resolv = upper / "etc/resolv.conf"
     if resolv.is_symlink():
         resolv.unlink()
@@ -139,26 +172,54 @@ def start(record: HostRecord, image: Path) -> int:
         _seed(upper, record.name, record.address, record.ssh_port)
     pin_host_key(record)
     if not _mounted(root):
-        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                        f"lowerdir={image},upperdir={upper},workdir={work}", str(root)], check=True)
+        subprocess.run(
+            [
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir={image},upperdir={upper},workdir={work}",
+                str(root),
+            ],
+            check=True,
+        )
     shared = shared_dir()
     nspawn_args = [
-        "-b", "--register=no", "--keep-unit", f"--network-bridge={net.BRIDGE}",
-        "--resolv-conf=off", "--timezone=off", "--console=passive", *DEVICE_POLICY_ARGS,
+        "-b",
+        "--register=no",
+        "--keep-unit",
+        f"--network-bridge={net.BRIDGE}",
+        "--resolv-conf=off",
+        "--timezone=off",
+        "--console=passive",
+        *DEVICE_POLICY_ARGS,
         f"--bind={shared}:{GUEST_CACHE}",
         # apt locks its archive dir, so each host name keeps its own (kept across re-creation).
         f"--bind={_apt_cache(record.name)}:/var/cache/apt/archives",
     ]
     log = open(base / "console.log", "ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servefleet_dev.testbed.supervise", record.name, str(root), "--",
-         *nspawn_args],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "servefleet_dev.testbed.supervise",
+            record.name,
+            str(root),
+            "--",
+            *nspawn_args,
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
         # A clean environment: guests must not inherit this shell's (slow) start-up or variables.
-        env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-             "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-             **DEVICE_POLICY_ENV,
-             **{k: v for k, v in os.environ.items() if k.startswith("SERVEFLEET_")}},
+        env={
+            "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            **DEVICE_POLICY_ENV,
+            **{k: v for k, v in os.environ.items() if k.startswith("SERVEFLEET_")},
+        },
     )
     return proc.pid
 
@@ -173,12 +234,14 @@ def wait_ready(record: HostRecord, timeout: float = 60) -> str:
         except OSError:
             time.sleep(0.1)
     else:
-        raise TimeoutError(f"testbed host {record.name} ({record.address}): no sshd after {timeout}s")
+        raise TimeoutError(
+            f"testbed host {record.name} ({record.address}): no sshd after {timeout}s"
+        )
     left = max(5, deadline - time.monotonic())
     out = subprocess.run(
-        [*ssh_args(record), "timeout", str(int(left)), "systemctl", "is-system-running",
-         "--wait"],
-        capture_output=True, text=True,
+        [*ssh_args(record), "timeout", str(int(left)), "systemctl", "is-system-running", "--wait"],
+        capture_output=True,
+        text=True,
     )
     return out.stdout.strip() or out.stderr.strip()
 
@@ -186,18 +249,34 @@ def wait_ready(record: HostRecord, timeout: float = 60) -> str:
 def restart_failed_units(record: HostRecord) -> list[str]:
     """The units that failed while the guest booted, restarted once (a boot beside a loaded
     test session can time a unit out); returns their names."""
-    out = subprocess.run([*ssh_args(record), "systemctl", "--failed", "--no-legend", "--plain"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [*ssh_args(record), "systemctl", "--failed", "--no-legend", "--plain"],
+        capture_output=True,
+        text=True,
+    )
     failed = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
     if failed:
-        subprocess.run([*ssh_args(record), "systemctl", "reset-failed", *failed, "&&",
-                        "systemctl", "restart", *failed], capture_output=True, text=True)
+        subprocess.run(
+            [
+                *ssh_args(record),
+                "systemctl",
+                "reset-failed",
+                *failed,
+                "&&",
+                "systemctl",
+                "restart",
+                *failed,
+            ],
+            capture_output=True,
+            text=True,
+        )
     return failed
 
 
 def system_state(record: HostRecord) -> str:
-    out = subprocess.run([*ssh_args(record), "systemctl", "is-system-running"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [*ssh_args(record), "systemctl", "is-system-running"], capture_output=True, text=True
+    )
     return out.stdout.strip() or "unreachable"
 
 
@@ -220,7 +299,7 @@ def guest_upper(pid: int) -> str | None:
                 if len(fields) > 4 and fields[4] == b"/" and b" - overlay " in line:
                     for opt in line.rsplit(b" ", 1)[-1].split(b","):
                         if opt.startswith(b"upperdir="):
-                            return os.fsdecode(opt[len(b"upperdir="):])
+                            return os.fsdecode(opt[len(b"upperdir=") :])
     except OSError:
         return None
     return None
@@ -232,8 +311,7 @@ def guests_under(prefix: Path) -> list[int]:
     top = str(prefix).rstrip("/") + "/"
     pids = []
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and (upper := guest_upper(int(proc.name))) \
-                and upper.startswith(top):
+        if proc.name.isdigit() and (upper := guest_upper(int(proc.name))) and upper.startswith(top):
             pids.append(int(proc.name))
     return pids
 
@@ -252,8 +330,12 @@ def _procs_of(base: Path) -> list[int]:
             proc_root = os.readlink(proc / "root")
         except OSError:
             continue
-        if root.encode() in argv or proc_root == root or proc_root.startswith(root + "/") \
-                or guest_upper(int(proc.name)) == upper:
+        if (
+            root.encode() in argv
+            or proc_root == root
+            or proc_root.startswith(root + "/")
+            or guest_upper(int(proc.name)) == upper
+        ):
             pids.append(int(proc.name))
     return pids
 

@@ -14,8 +14,16 @@ SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 # What a bare node has before servefleet touches it: an init system, sshd and a Python for pyinfra.
 PACKAGES = [
-    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
-    "ca-certificates", "iproute2", "sudo", "curl",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "python3-venv",
+    "ca-certificates",
+    "iproute2",
+    "sudo",
+    "curl",
 ]
 # The host's CA certificates: HTTPS from guests goes through an intercepting proxy.
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
@@ -26,20 +34,20 @@ ADMIN_UID = 1000
 # Run inside the new root ($1) after packages are installed.
 CUSTOMIZE = [
     # Guests get their address from systemd-networkd (seeded per host).
-    "chroot \"$1\" systemctl enable systemd-networkd ssh",
+    'chroot "$1" systemctl enable systemd-networkd ssh',
     # Units that cannot work in a container and would only mark the system degraded.
-    "chroot \"$1\" systemctl mask systemd-timesyncd.service getty@tty1.service "
+    'chroot "$1" systemctl mask systemd-timesyncd.service getty@tty1.service '
     "console-getty.service systemd-resolved.service 2>/dev/null || true",
-    "rm -f \"$1\"/etc/ssh/ssh_host_*",  # each host gets its own keys, made when it is seeded
-    "chroot \"$1\" update-ca-certificates --fresh >/dev/null",
+    'rm -f "$1"/etc/ssh/ssh_host_*',  # each host gets its own keys, made when it is seeded
+    'chroot "$1" update-ca-certificates --fresh >/dev/null',
     # Keep downloaded .debs: /var/cache/apt/archives is a host-side cache shared by all guests.
-    "echo 'Binary::apt::APT::Keep-Downloaded-Packages \"true\";' > \"$1\"/etc/apt/apt.conf.d/10keep",
-    "rm -f \"$1\"/etc/apt/apt.conf.d/docker-clean",
+    'echo \'Binary::apt::APT::Keep-Downloaded-Packages "true";\' > "$1"/etc/apt/apt.conf.d/10keep',
+    'rm -f "$1"/etc/apt/apt.conf.d/docker-clean',
     "echo 'PermitRootLogin prohibit-password' > \"$1\"/etc/ssh/sshd_config.d/servefleet.conf",
     # The account a real fleet logs in with (DGX OS's default): not root, passwordless sudo.
-    f"chroot \"$1\" useradd --uid {ADMIN_UID} --create-home --shell /bin/bash {ADMIN_USER}",
+    f'chroot "$1" useradd --uid {ADMIN_UID} --create-home --shell /bin/bash {ADMIN_USER}',
     f"echo '{ADMIN_USER} ALL=(ALL) NOPASSWD:ALL' > \"$1\"/etc/sudoers.d/{ADMIN_USER}",
-    f"chmod 0440 \"$1\"/etc/sudoers.d/{ADMIN_USER}",
+    f'chmod 0440 "$1"/etc/sudoers.d/{ADMIN_USER}',
 ]
 
 
@@ -66,7 +74,7 @@ def _mounted_lowerdirs() -> set[str]:
             if fields[2] == "overlay":
                 for opt in fields[3].split(","):
                     if opt.startswith("lowerdir="):
-                        found.update(opt[len("lowerdir="):].split(":"))
+                        found.update(opt[len("lowerdir=") :].split(":"))
     return found
 
 
@@ -92,8 +100,9 @@ def image(kind: str, packages: list[str], dpkg_opts: tuple[str, ...], log=print)
     return target
 
 
-def _build(images: Path, target: Path, packages: list[str], dpkg_opts: tuple[str, ...],
-           kind: str, log) -> None:
+def _build(
+    images: Path, target: Path, packages: list[str], dpkg_opts: tuple[str, ...], kind: str, log
+) -> None:
     log(f"building testbed image {target.name} with mmdebstrap")
     tmp = Path(tempfile.mkdtemp(prefix="build-", dir=images))
     hooks = []
@@ -102,9 +111,17 @@ def _build(images: Path, target: Path, packages: list[str], dpkg_opts: tuple[str
     hooks += [f"--customize-hook={cmd}" for cmd in CUSTOMIZE]
     try:
         subprocess.run(
-            ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(packages)}",
-             *[f"--dpkgopt={o}" for o in dpkg_opts], *hooks, SUITE, str(tmp / "rootfs"),
-             MIRROR],
+            [
+                "mmdebstrap",
+                "--quiet",
+                "--variant=minbase",
+                f"--include={','.join(packages)}",
+                *[f"--dpkgopt={o}" for o in dpkg_opts],
+                *hooks,
+                SUITE,
+                str(tmp / "rootfs"),
+                MIRROR,
+            ],
             check=True,
         )
         (tmp / "rootfs" / ".complete").touch()

@@ -33,15 +33,25 @@ def testbed_groups(inventory_file: str) -> list[list]:
     Group data applies in that order, then the file-name group `testbed` last:
     group_data/<role>.py  <  group_data/testbed_<role>.py  <  group_data/testbed.py
     """
+
     def build():
         state = load_state()
         hub = state.services.get("hub", {}).get("url")
         entries = [(rec, host_data(rec, hub)) for rec in state.hosts.values()]
-        validate_hosts([InventoryHost(rec.name, [rec.role, f"testbed_{rec.role}", "testbed"],
-                                      data, f"the testbed's state ({rec.name})")
-                        for rec, data in entries])
-        by_role = [[(rec.name, data) for rec, data in entries if rec.role == role]
-                   for role in ROLES]
+        validate_hosts(
+            [
+                InventoryHost(
+                    rec.name,
+                    [rec.role, f"testbed_{rec.role}", "testbed"],
+                    data,
+                    f"the testbed's state ({rec.name})",
+                )
+                for rec, data in entries
+            ]
+        )
+        by_role = [
+            [(rec.name, data) for rec, data in entries if rec.role == role] for role in ROLES
+        ]
         return by_role + by_role
 
     return stop_on_bad_input(build)

@@ -8,14 +8,24 @@ from concurrent.futures import ThreadPoolExecutor
 from servefleet.core.inventory import ROLES
 from servefleet_dev.testbed import hosts, image, net, services
 from servefleet_dev.testbed.state import (
-    HostRecord, TestbedState, load_state, locked, role_of, save_state,
+    HostRecord,
+    TestbedState,
+    load_state,
+    locked,
+    role_of,
+    save_state,
 )
 
 # The host's own tools the testbed drives, and the Debian packages that bring them.
 HOST_TOOLS = {
-    "mmdebstrap": "mmdebstrap", "systemd-nspawn": "systemd-container",
-    "slirp4netns": "slirp4netns", "ip": "iproute2", "iptables": "iptables",
-    "ssh": "openssh-client", "ssh-keygen": "openssh-client", "rsync": "rsync",
+    "mmdebstrap": "mmdebstrap",
+    "systemd-nspawn": "systemd-container",
+    "slirp4netns": "slirp4netns",
+    "ip": "iproute2",
+    "iptables": "iptables",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+    "rsync": "rsync",
 }
 DEFAULT_HOSTS = ("spark-1", "rtx4090-1", "depot-1")
 # Real fleets move sshd off 22: the depots here do, so that path (and rsync over it) is tested.
@@ -35,14 +45,20 @@ def ensure_host_packages(log=print) -> None:
     log(f"installing host packages: {' '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", *missing],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 # Every guest's systemd holds dozens of inotify instances; the kernel default (128 per user,
 # shared by all containers since they run as root here) runs out at ~4 hosts.
-INOTIFY_LIMITS = {"/proc/sys/fs/inotify/max_user_instances": 8192,
-                  "/proc/sys/fs/inotify/max_user_watches": 1048576}
+INOTIFY_LIMITS = {
+    "/proc/sys/fs/inotify/max_user_instances": 8192,
+    "/proc/sys/fs/inotify/max_user_watches": 1048576,
+}
 
 
 def ensure_inotify_limits(log=print) -> None:
@@ -80,8 +96,9 @@ def _boot(state: TestbedState, names: list[str], log) -> None:
         rec = state.hosts.get(name)
         if rec is None:
             role = role_of(name)
-            rec = HostRecord(name=name, role=role, address=_next_address(state),
-                             ssh_port=SSH_PORTS.get(role, 22))
+            rec = HostRecord(
+                name=name, role=role, address=_next_address(state), ssh_port=SSH_PORTS.get(role, 22)
+            )
             state.hosts[name] = rec
         if not _alive(rec.pid):
             rec.pid = hosts.start(rec, img)
@@ -92,8 +109,10 @@ def _boot(state: TestbedState, names: list[str], log) -> None:
             if sysstate == "degraded":  # seen once in CI: a unit failed at boot, sshd with it
                 failed = hosts.restart_failed_units(rec)
                 sysstate = hosts.wait_ready(rec)
-                log(f"{rec.name}: {', '.join(failed) or 'no unit'} failed at boot, restarted: "
-                    f"systemd {sysstate}")
+                log(
+                    f"{rec.name}: {', '.join(failed) or 'no unit'} failed at boot, restarted: "
+                    f"systemd {sysstate}"
+                )
             if sysstate not in ("running", "degraded"):
                 raise RuntimeError(f"testbed host {rec.name}: systemd is {sysstate!r}")
             log(f"{rec.name} ({rec.role}) {rec.address}: systemd {sysstate}")
@@ -155,8 +174,14 @@ def status() -> list[dict]:
     rows = []
     for rec in state.hosts.values():
         alive = _alive(rec.pid)
-        rows.append({"name": rec.name, "role": rec.role, "address": rec.address,
-                     "systemd": hosts.system_state(rec) if alive else "stopped"})
+        rows.append(
+            {
+                "name": rec.name,
+                "role": rec.role,
+                "address": rec.address,
+                "systemd": hosts.system_state(rec) if alive else "stopped",
+            }
+        )
     return rows
 
 
@@ -190,4 +215,3 @@ def down(log=print) -> None:
     with locked():
         _teardown(load_state(), keep_disks=False)
     log("testbed down")
-

@@ -50,10 +50,25 @@ def torch_wheel() -> Path:
     with cache_lock("torch-2.11.0-cp311-wheel"):
         found = sorted(wheels.glob("torch-2.11.0-cp311-cp311-manylinux*_x86_64.whl"))
         if not found:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                            "--only-binary=:all:", "--python-version", GUEST_PYTHON,
-                            "--platform", "manylinux_2_28_x86_64", "--dest", str(wheels),
-                            "torch==2.11.0"], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--python-version",
+                    GUEST_PYTHON,
+                    "--platform",
+                    "manylinux_2_28_x86_64",
+                    "--dest",
+                    str(wheels),
+                    "torch==2.11.0",
+                ],
+                check=True,
+            )
             found = sorted(wheels.glob("torch-2.11.0-cp311-cp311-manylinux*_x86_64.whl"))
     return found[-1]
 
@@ -75,8 +90,13 @@ def stock_wheelhouse() -> None:
 def publish_spark_checkpoint() -> str:
     with tempfile.TemporaryDirectory() as tmp:
         build_tiny_checkpoint(tmp, visual=False, mtp=False)
-        return publish(hub_root(), SPARK["model_repo"], tmp, branch=SPARK["model_revision"],
-                       message="tiny Qwen3.5-MoE for the testbed")
+        return publish(
+            hub_root(),
+            SPARK["model_repo"],
+            tmp,
+            branch=SPARK["model_revision"],
+            message="tiny Qwen3.5-MoE for the testbed",
+        )
 
 
 def publish_gguf() -> str:
@@ -90,8 +110,10 @@ def llama_mirror() -> dict[str, str]:
     one of them (b9785, the real release; llama-cpp-python-0.3.36, newer, an upgrade target)."""
     found = commits()
     if found.get(RTX4090["llamacpp_tag"]) != RTX4090["llamacpp_commit"]:
-        raise RuntimeError(f"the testbed mirror holds {found}, but group_data/testbed_rtx4090.py "
-                           f"pins {RTX4090['llamacpp_tag']} = {RTX4090['llamacpp_commit']}")
+        raise RuntimeError(
+            f"the testbed mirror holds {found}, but group_data/testbed_rtx4090.py "
+            f"pins {RTX4090['llamacpp_tag']} = {RTX4090['llamacpp_commit']}"
+        )
     return found
 
 
@@ -112,8 +134,10 @@ def standin() -> str:
     install(hosts.shared_dir() / STANDIN_DIR)
     guest = f"{hosts.GUEST_CACHE}/{STANDIN_DIR}/{EXECUTABLE_NAME}"
     if guest != SPARK["vllm_executable"]:
-        raise RuntimeError(f"the stand-in is at {guest} in guests, but group_data/"
-                           f"testbed_spark.py's vllm_executable is {SPARK['vllm_executable']}")
+        raise RuntimeError(
+            f"the stand-in is at {guest} in guests, but group_data/"
+            f"testbed_spark.py's vllm_executable is {SPARK['vllm_executable']}"
+        )
     return guest
 
 
@@ -122,8 +146,10 @@ def prepare(spark: bool = True, rtx4090: bool = True, log=print) -> None:
     # Each part under a machine-wide lock: testbeds prepared side by side (parallel test
     # workers) make each thing once and never see it half made.
     if spark:
-        log("testbed material: torch + vLLM wheels, the vLLM engine stand-in, tiny checkpoint "
-            "on the hub")
+        log(
+            "testbed material: torch + vLLM wheels, the vLLM engine stand-in, tiny checkpoint "
+            "on the hub"
+        )
         with cache_lock("testbed-material-spark"):
             stock_wheelhouse()
             standin()

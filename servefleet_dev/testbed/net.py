@@ -38,8 +38,9 @@ def _ip(*args, check=True, netns=False):
 
 
 def _in_ns(*cmd, check=True):
-    return subprocess.run(["ip", "netns", "exec", NETNS, *cmd], check=check,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        ["ip", "netns", "exec", NETNS, *cmd], check=check, capture_output=True, text=True
+    )
 
 
 def host_address(index: int) -> str:
@@ -116,9 +117,18 @@ def up() -> None:
     _in_ns("sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
     if not _slirp_pids():
         subprocess.Popen(
-            ["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback",
-             "--netns-type=path", str(NETNS_PATH), "tap0"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "slirp4netns",
+                "--configure",
+                "--mtu=65520",
+                "--disable-host-loopback",
+                "--netns-type=path",
+                str(NETNS_PATH),
+                "tap0",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         for _ in range(50):

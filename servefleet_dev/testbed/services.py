@@ -50,9 +50,22 @@ def start_all(state: TestbedState, log=print) -> None:
         port += 1
     log_file = open(testbed_dir() / "hub.log", "ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servefleet_dev.hub", "serve", "--root", str(hub_root()),
-         "--host", net.HOST_ADDR, "--port", str(port)],
-        stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "servefleet_dev.hub",
+            "serve",
+            "--root",
+            str(hub_root()),
+            "--host",
+            net.HOST_ADDR,
+            "--port",
+            str(port),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=log_file,
+        start_new_session=True,
     )
     url = f"http://{net.HOST_ADDR}:{port}"
     deadline = time.monotonic() + 15
@@ -84,7 +97,9 @@ def _service_pids() -> set[int]:
 
 
 def stop_all(state: TestbedState, timeout: float = 5) -> None:
-    pids = _service_pids() | {svc["pid"] for svc in state.services.values() if _alive(svc.get("pid"))}
+    pids = _service_pids() | {
+        svc["pid"] for svc in state.services.values() if _alive(svc.get("pid"))
+    }
     for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)

@@ -65,9 +65,12 @@ class TestbedState:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"hosts": {n: asdict(h) for n, h in self.hosts.items()},
-             "services": self.services, "network_up": self.network_up,
-             "netns_inode": self.netns_inode},
+            {
+                "hosts": {n: asdict(h) for n, h in self.hosts.items()},
+                "services": self.services,
+                "network_up": self.network_up,
+                "netns_inode": self.netns_inode,
+            },
             indent=2,
         )
 

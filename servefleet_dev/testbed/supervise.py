@@ -29,8 +29,16 @@ def main(argv: list[str]) -> int:
     while True:
         # nsenter, not `ip netns exec`: the latter remounts /sys and hides the cgroups nspawn needs.
         child = subprocess.Popen(
-            ["nsenter", f"--net={net.NETNS_PATH}", "systemd-nspawn", "-D", root, "-M", name,
-             *nspawn_args],
+            [
+                "nsenter",
+                f"--net={net.NETNS_PATH}",
+                "systemd-nspawn",
+                "-D",
+                root,
+                "-M",
+                name,
+                *nspawn_args,
+            ],
             stdin=subprocess.DEVNULL,
         )
         rc = child.wait()

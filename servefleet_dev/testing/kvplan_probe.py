@@ -63,6 +63,7 @@ ARCHS = {
 
 # --- random cases (pure Python: the test imports this module to regenerate them) ---------------
 
+
 def _log_uniform(rng: random.Random, lo: int, hi: int) -> int:
     return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
 
@@ -121,8 +122,10 @@ def random_case(rng: random.Random) -> dict:
             ]
     else:
         p_full = rng.uniform(0.05, 0.95)
-        types = ["full_attention" if rng.random() < p_full else "linear_attention"
-                 for _ in range(n_layers)]
+        types = [
+            "full_attention" if rng.random() < p_full else "linear_attention"
+            for _ in range(n_layers)
+        ]
         if "full_attention" not in types:
             types[rng.randrange(n_layers)] = "full_attention"
         if "linear_attention" not in types:
@@ -134,22 +137,29 @@ def random_case(rng: random.Random) -> dict:
     dtype = rng.choices(["bfloat16", "float16", "float32"], weights=[5, 4, 1])[0]
     text["dtype"] = dtype
     if text_type:
-        config = {"architectures": [arch], "model_type": model_type, "text_config": text,
-                  "dtype": dtype}
+        config = {
+            "architectures": [arch],
+            "model_type": model_type,
+            "text_config": text,
+            "dtype": dtype,
+        }
     else:
         config = {"architectures": [arch], "model_type": model_type, **text}
 
-    max_model_len = rng.choice([
-        rng.randint(1, 4096),
-        _log_uniform(rng, 1, 1 << 20),
-        rng.choice([2048, 4096, 8192, 32768, 65536, 131072, 262144, 1 << 20]),
-    ])
+    max_model_len = rng.choice(
+        [
+            rng.randint(1, 4096),
+            _log_uniform(rng, 1, 1 << 20),
+            rng.choice([2048, 4096, 8192, 32768, 65536, 131072, 262144, 1 << 20]),
+        ]
+    )
     case = {
         "config": config,
         "max_model_len": max_model_len,
         "block_alignment": rng.choice([16, 32, 64]),
         "mamba_ssm_cache_dtype": rng.choices(
-            ["auto", "float32", "bfloat16", "float16"], weights=[7, 1, 1, 1])[0],
+            ["auto", "float32", "bfloat16", "float16"], weights=[7, 1, 1, 1]
+        )[0],
         "mamba_cache_mode": rng.choice(["none", "align"]),
     }
     if rng.random() < 0.2:
@@ -168,6 +178,7 @@ def random_cases(seed: int, n: int) -> list[dict]:
 
 
 # --- vLLM's side (runs in the vLLM venv) -------------------------------------------------------
+
 
 class _Capture(logging.Handler):
     def __init__(self) -> None:
@@ -198,7 +209,9 @@ def _setup_vllm() -> dict:
     # optional heavy dependency: vLLM and torch exist only in the loader venv
     import vllm  # optional heavy dependency
     import vllm.logger  # optional heavy dependency
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # optional heavy dependency
+    from vllm.v1.attention.backends.flash_attn import (
+        FlashAttentionBackend,
+    )  # optional heavy dependency
 
     capture = _Capture()
     for name in ("vllm.platforms.interface", "vllm.v1.core.kv_cache_utils"):
@@ -216,7 +229,12 @@ def _dtype_name(dtype) -> str:
 def vllm_plan(case: dict, workdir: Path, env: dict) -> dict:
     """vLLM's KV numbers for one case (see the module docstring for which function gives what)."""
     import vllm.logger  # optional heavy dependency
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig  # optional heavy dependency
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        ModelConfig,
+        VllmConfig,
+    )  # optional heavy dependency
     from vllm.model_executor.layers.mamba.mamba_utils import (  # optional heavy dependency
         MambaStateDtypeCalculator,
         MambaStateShapeCalculator,
@@ -224,7 +242,9 @@ def vllm_plan(case: dict, workdir: Path, env: dict) -> dict:
     from vllm.model_executor.models import ModelRegistry  # optional heavy dependency
     from vllm.platforms.interface import Platform  # optional heavy dependency
     from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE  # optional heavy dependency
-    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum  # optional heavy dependency
+    from vllm.v1.attention.backends.registry import (
+        MambaAttentionBackendEnum,
+    )  # optional heavy dependency
     from vllm.v1.core import kv_cache_utils as kcu  # optional heavy dependency
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec  # optional heavy dependency
 
@@ -232,8 +252,11 @@ def vllm_plan(case: dict, workdir: Path, env: dict) -> dict:
     (workdir / "config.json").write_text(json.dumps(case["config"]))
     mode = case["mamba_cache_mode"]
     model_config = ModelConfig(
-        model=str(workdir), dtype="auto", max_model_len=case["max_model_len"],
-        skip_tokenizer_init=True, enforce_eager=True,
+        model=str(workdir),
+        dtype="auto",
+        max_model_len=case["max_model_len"],
+        skip_tokenizer_init=True,
+        enforce_eager=True,
     )
     # --block-size N: user-specified, so the backend's preferred size (16 for FLASH_ATTN) does
     # not replace it and the kernel block alignment is max(16, N) = N.
@@ -244,11 +267,15 @@ def vllm_plan(case: dict, workdir: Path, env: dict) -> dict:
         enable_prefix_caching=(mode == "align"),
         mamba_ssm_cache_dtype=case["mamba_ssm_cache_dtype"],
     )
-    vc = VllmConfig(model_config=model_config, cache_config=cache_config,
-                    device_config=DeviceConfig(device="cpu"))
+    vc = VllmConfig(
+        model_config=model_config,
+        cache_config=cache_config,
+        device_config=DeviceConfig(device="cpu"),
+    )
     if cache_config.mamba_cache_mode != mode:
-        raise RuntimeError(f"vLLM chose mamba_cache_mode {cache_config.mamba_cache_mode!r}, "
-                           f"case asks {mode!r}")
+        raise RuntimeError(
+            f"vLLM chose mamba_cache_mode {cache_config.mamba_cache_mode!r}, case asks {mode!r}"
+        )
     text = model_config.hf_text_config
     parallel = vc.parallel_config
 
@@ -260,8 +287,11 @@ def vllm_plan(case: dict, workdir: Path, env: dict) -> dict:
     align_lines = list(env["capture"].lines)
 
     # The specs each layer reports (Attention.get_kv_cache_spec / MambaBase.get_kv_cache_spec).
-    kv_dtype = (model_config.dtype if cache_config.cache_dtype == "auto"
-                else STR_DTYPE_TO_TORCH_DTYPE[cache_config.cache_dtype])
+    kv_dtype = (
+        model_config.dtype
+        if cache_config.cache_dtype == "auto"
+        else STR_DTYPE_TO_TORCH_DTYPE[cache_config.cache_dtype]
+    )
     attn_spec = FullAttentionSpec(
         block_size=cache_config.block_size,
         num_kv_heads=model_config.get_num_kv_heads(parallel),
@@ -278,10 +308,12 @@ def vllm_plan(case: dict, workdir: Path, env: dict) -> dict:
         0,  # no speculative decoding
     )
     dtypes = MambaStateDtypeCalculator.gated_delta_net_state_dtype(
-        model_config.dtype, cache_config.mamba_cache_dtype, cache_config.mamba_ssm_cache_dtype)
+        model_config.dtype, cache_config.mamba_cache_dtype, cache_config.mamba_ssm_cache_dtype
+    )
     # What _align_hybrid_block_size sized with: the model class's own classmethods.
-    model_cls, _ = ModelRegistry.resolve_model_cls(model_config.architecture,
-                                                   model_config=model_config)
+    model_cls, _ = ModelRegistry.resolve_model_cls(
+        model_config.architecture, model_config=model_config
+    )
     assert tuple(model_cls.get_mamba_state_shape_from_config(vc)) == tuple(shapes)
     assert tuple(model_cls.get_mamba_state_dtype_from_config(vc)) == tuple(dtypes)
     mamba_spec = MambaSpec(
@@ -293,8 +325,9 @@ def vllm_plan(case: dict, workdir: Path, env: dict) -> dict:
         mamba_cache_mode=cache_config.mamba_cache_mode,
         num_speculative_blocks=0,
     )
-    unpadded_mamba = MambaSpec(shapes=tuple(shapes), dtypes=tuple(dtypes),
-                               block_size=-1).page_size_bytes
+    unpadded_mamba = MambaSpec(
+        shapes=tuple(shapes), dtypes=tuple(dtypes), block_size=-1
+    ).page_size_bytes
     layer_types = list(text.layer_types)[: text.num_hidden_layers]
 
     def specs() -> dict:
@@ -350,8 +383,11 @@ def vllm_plan(case: dict, workdir: Path, env: dict) -> dict:
         "num_kv_heads": attn_spec.num_kv_heads,
         "head_size": attn_spec.head_size,
         "attn_bytes_per_token": FullAttentionSpec(
-            block_size=1, num_kv_heads=attn_spec.num_kv_heads,
-            head_size=attn_spec.head_size, dtype=kv_dtype).page_size_bytes,
+            block_size=1,
+            num_kv_heads=attn_spec.num_kv_heads,
+            head_size=attn_spec.head_size,
+            dtype=kv_dtype,
+        ).page_size_bytes,
         "mamba_state_bytes": unpadded_mamba,
         "block_size": cache_config.block_size,
         "mamba_block_size": cache_config.mamba_block_size,
@@ -359,10 +395,12 @@ def vllm_plan(case: dict, workdir: Path, env: dict) -> dict:
         "attn_page_bytes": attn_spec.page_size_bytes,
         "mamba_page_bytes": mamba_spec.page_size_bytes,
         "mamba_padding_bytes": (cache_config.mamba_page_size_padded or unpadded_mamba)
-                               - unpadded_mamba,
+        - unpadded_mamba,
         "groups": [
-            ["full" if isinstance(g.kv_cache_spec, FullAttentionSpec) else "mamba",
-             len(g.layer_names)]
+            [
+                "full" if isinstance(g.kv_cache_spec, FullAttentionSpec) else "mamba",
+                len(g.layer_names),
+            ]
             for g in groups
         ],
         "group_size": group_size,
@@ -378,8 +416,9 @@ def vllm_plan(case: dict, workdir: Path, env: dict) -> dict:
         "estimated_max_model_len": kcu._estimate_max_model_len_from_groups(vc, groups, pool),
         "refused": refusal is not None,
         "refusal": refusal,
-        "log_block_size": next((line for line in align_lines
-                                if line.startswith("Setting attention block size")), None),
+        "log_block_size": next(
+            (line for line in align_lines if line.startswith("Setting attention block size")), None
+        ),
         "log_tokens": logged("GPU KV cache size:"),
         "log_concurrency": logged("Maximum concurrency for"),
     }
@@ -397,8 +436,10 @@ def main() -> int:
     if args.cases:
         cases += json.loads(args.cases.read_text())
     env = _setup_vllm()
-    print(json.dumps({"vllm": env["version"], "seed": args.seed, "n": args.n,
-                      "cases": len(cases)}), flush=True)
+    print(
+        json.dumps({"vllm": env["version"], "seed": args.seed, "n": args.n, "cases": len(cases)}),
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for index, case in enumerate(cases):
             line = {"index": index, "case": case}

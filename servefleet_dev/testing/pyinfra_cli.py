@@ -29,20 +29,34 @@ class Run:
     no_change: int = 0
 
 
-def pyinfra(inventory: str, deploy: str, *args: str, limit: str | None = None,
-            data: dict | None = None, env: dict | None = None, timeout: float | None = None,
-            cwd: Path | None = None, yes: bool = True) -> Run:
+def pyinfra(
+    inventory: str,
+    deploy: str,
+    *args: str,
+    limit: str | None = None,
+    data: dict | None = None,
+    env: dict | None = None,
+    timeout: float | None = None,
+    cwd: Path | None = None,
+    yes: bool = True,
+) -> Run:
     """`pyinfra -y INVENTORY DEPLOY` from the project (files and group_data resolve there).
     yes=False leaves out -y: with --dry, pyinfra then detects changes (reads every fact and
     runs every operation's generator) and executes nothing."""
     cmd = [sys.executable, "-m", "pyinfra"] + (["-y"] if yes else [])
-    for name in (limit.split(",") if limit else []):  # pyinfra takes one --limit per pattern
+    for name in limit.split(",") if limit else []:  # pyinfra takes one --limit per pattern
         cmd += ["--limit", name]
     for key, value in (data or {}).items():
         cmd += ["--data", f"{key}={value}"]
     cmd += [*args, inventory, deploy]
-    proc = subprocess.run(cmd, cwd=cwd or REPO_ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {}), "NO_COLOR": "1"})
+    proc = subprocess.run(
+        cmd,
+        cwd=cwd or REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {}), "NO_COLOR": "1"},
+    )
     out = _ANSI.sub("", proc.stdout + proc.stderr)
     run = Run(proc.returncode, out)
     match = _TOTAL.search(out)
@@ -68,11 +82,22 @@ def reads_of_a_noop(inventory: str, deploy: str, host: str, data: dict | None = 
     and `servefleet drift --debug`. Both must find nothing to change."""
     dry = pyinfra(inventory, deploy, "--dry", "--debug", limit=host, data=data, yes=False)
     assert dry.returncode == 0, dry.output[-3000:]
-    cmd = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(main())",
-           "drift", inventory, deploy, "--limit", host, "--debug"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from servefleet.cli import main; raise SystemExit(main())",
+        "drift",
+        inventory,
+        deploy,
+        "--limit",
+        host,
+        "--debug",
+    ]
     for key, value in (data or {}).items():
         cmd += ["--data", f"{key}={value}"]
     drift = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
     assert drift.returncode == 0, drift.stdout[-3000:] + drift.stderr[-3000:]
-    return {"dry": commands_per_host(dry.output).get(host, 0),
-            "drift": commands_per_host(drift.stderr).get(host, 0)}
+    return {
+        "dry": commands_per_host(dry.output).get(host, 0),
+        "drift": commands_per_host(drift.stderr).get(host, 0),
+    }

@@ -23,8 +23,15 @@ from pathlib import Path
 
 # What `DevicePolicy=closed` always lets through (major, minor).
 CLOSED_BASE = {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2)}
-CLOSED_BASE_PATHS = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
-                     "/dev/tty", "/dev/ptmx")
+CLOSED_BASE_PATHS = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+)
 # The nodes CUDA opens: /dev/nvidia<N>, /dev/nvidiactl, /dev/nvidia-uvm*, /dev/nvidia-caps/*.
 CUDA_NODE = re.compile(r"/dev/(nvidia\d+|nvidiactl|nvidia-uvm(-tools)?|nvidia-caps/nvidia-cap\d+)")
 
@@ -121,6 +128,7 @@ def problems(unit: str, table: DeviceTable) -> list[str]:
 
 
 # --- SystemCallFilter= ---------------------------------------------------------------------------
+
 
 def syscall_groups(text: str) -> dict[str, list[str]]:
     """`systemd-analyze syscall-filter` output -> {"@group": [members, nested @groups by name]}."""

@@ -63,6 +63,7 @@ VISION_DIMS = {
     "hidden_act": "gelu_pytorch_tanh",
 }
 
+
 def _agentworld_config() -> dict:
     """Qwen-AgentWorld-35B-A3B's config.json as vLLM reads it (shared/agentworld-config.json)."""
     layers, interval = 40, 4
@@ -74,8 +75,10 @@ def _agentworld_config() -> dict:
             "hidden_size": 2048,
             "num_hidden_layers": layers,
             "full_attention_interval": interval,
-            "layer_types": ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                            for i in range(layers)],
+            "layer_types": [
+                "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                for i in range(layers)
+            ],
             "num_attention_heads": 16,
             "num_key_value_heads": 2,
             "head_dim": 256,
@@ -108,27 +111,48 @@ def tiny_config(template: dict | None = None) -> dict:
     text.update(TEXT_DIMS)
     n = text["num_hidden_layers"]
     interval = text["full_attention_interval"]
-    text["layer_types"] = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
-    text.update({
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        # partial rotary 0.25 of head_dim 128 → 32 rotary dims → mrope_section must sum to 16
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
-                            "mrope_section": [6, 5, 5], "mrope_interleaved": True},
-        "eos_token_id": 511,
-    })
+    text["layer_types"] = [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
+    ]
+    text.update(
+        {
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            # partial rotary 0.25 of head_dim 128 → 32 rotary dims → mrope_section must sum to 16
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10_000_000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [6, 5, 5],
+                "mrope_interleaved": True,
+            },
+            "eos_token_id": 511,
+        }
+    )
     config["vision_config"] = dict(VISION_DIMS)
     # Special token ids must live inside the tiny vocabulary.
-    config.update({"image_token_id": 508, "video_token_id": 509, "vision_start_token_id": 506,
-                   "vision_end_token_id": 507, "tie_word_embeddings": False})
+    config.update(
+        {
+            "image_token_id": 508,
+            "video_token_id": 509,
+            "vision_start_token_id": 506,
+            "vision_end_token_id": 507,
+            "tie_word_embeddings": False,
+        }
+    )
     return config
 
 
 def _decoder_layer_shapes(prefix: str, t: dict, kind: str, fused_experts: bool) -> dict[str, tuple]:
     """Tensor shapes of one Qwen3_5MoeDecoderLayer (PyTorch [out, in] order)."""
-    h, e, i, si = t["hidden_size"], t["num_experts"], t["moe_intermediate_size"], t["shared_expert_intermediate_size"]
+    h, e, i, si = (
+        t["hidden_size"],
+        t["num_experts"],
+        t["moe_intermediate_size"],
+        t["shared_expert_intermediate_size"],
+    )
     shapes = {
         f"{prefix}.input_layernorm.weight": (h,),
         f"{prefix}.post_attention_layernorm.weight": (h,),
@@ -138,28 +162,32 @@ def _decoder_layer_shapes(prefix: str, t: dict, kind: str, fused_experts: bool) 
         value_dim = t["linear_value_head_dim"] * t["linear_num_value_heads"]
         nv = t["linear_num_value_heads"]
         la = f"{prefix}.linear_attn"
-        shapes.update({
-            f"{la}.in_proj_qkv.weight": (2 * key_dim + value_dim, h),
-            f"{la}.in_proj_z.weight": (value_dim, h),
-            f"{la}.in_proj_b.weight": (nv, h),
-            f"{la}.in_proj_a.weight": (nv, h),
-            f"{la}.conv1d.weight": (2 * key_dim + value_dim, 1, t["linear_conv_kernel_dim"]),
-            f"{la}.dt_bias": (nv,),
-            f"{la}.A_log": (nv,),
-            f"{la}.norm.weight": (t["linear_value_head_dim"],),
-            f"{la}.out_proj.weight": (h, value_dim),
-        })
+        shapes.update(
+            {
+                f"{la}.in_proj_qkv.weight": (2 * key_dim + value_dim, h),
+                f"{la}.in_proj_z.weight": (value_dim, h),
+                f"{la}.in_proj_b.weight": (nv, h),
+                f"{la}.in_proj_a.weight": (nv, h),
+                f"{la}.conv1d.weight": (2 * key_dim + value_dim, 1, t["linear_conv_kernel_dim"]),
+                f"{la}.dt_bias": (nv,),
+                f"{la}.A_log": (nv,),
+                f"{la}.norm.weight": (t["linear_value_head_dim"],),
+                f"{la}.out_proj.weight": (h, value_dim),
+            }
+        )
     else:  # Qwen3_5MoeAttention: q_proj carries the output gate, hence the factor 2
         hd, nh, nkv = t["head_dim"], t["num_attention_heads"], t["num_key_value_heads"]
         sa = f"{prefix}.self_attn"
-        shapes.update({
-            f"{sa}.q_proj.weight": (nh * hd * 2, h),
-            f"{sa}.k_proj.weight": (nkv * hd, h),
-            f"{sa}.v_proj.weight": (nkv * hd, h),
-            f"{sa}.o_proj.weight": (h, nh * hd),
-            f"{sa}.q_norm.weight": (hd,),
-            f"{sa}.k_norm.weight": (hd,),
-        })
+        shapes.update(
+            {
+                f"{sa}.q_proj.weight": (nh * hd * 2, h),
+                f"{sa}.k_proj.weight": (nkv * hd, h),
+                f"{sa}.v_proj.weight": (nkv * hd, h),
+                f"{sa}.o_proj.weight": (h, nh * hd),
+                f"{sa}.q_norm.weight": (hd,),
+                f"{sa}.k_norm.weight": (hd,),
+            }
+        )
     mlp = f"{prefix}.mlp"
     shapes[f"{mlp}.gate.weight"] = (e, h)
     if fused_experts:
@@ -170,18 +198,25 @@ def _decoder_layer_shapes(prefix: str, t: dict, kind: str, fused_experts: bool) 
             shapes[f"{mlp}.experts.{x}.gate_proj.weight"] = (i, h)
             shapes[f"{mlp}.experts.{x}.up_proj.weight"] = (i, h)
             shapes[f"{mlp}.experts.{x}.down_proj.weight"] = (h, i)
-    shapes.update({
-        f"{mlp}.shared_expert.gate_proj.weight": (si, h),
-        f"{mlp}.shared_expert.up_proj.weight": (si, h),
-        f"{mlp}.shared_expert.down_proj.weight": (h, si),
-        f"{mlp}.shared_expert_gate.weight": (1, h),
-    })
+    shapes.update(
+        {
+            f"{mlp}.shared_expert.gate_proj.weight": (si, h),
+            f"{mlp}.shared_expert.up_proj.weight": (si, h),
+            f"{mlp}.shared_expert.down_proj.weight": (h, si),
+            f"{mlp}.shared_expert_gate.weight": (1, h),
+        }
+    )
     return shapes
 
 
 def _vision_shapes(v: dict) -> dict[str, tuple]:
     """Tensor shapes of Qwen3_5MoeVisionModel under model.visual."""
-    d, inter, p, tp = v["hidden_size"], v["intermediate_size"], v["patch_size"], v["temporal_patch_size"]
+    d, inter, p, tp = (
+        v["hidden_size"],
+        v["intermediate_size"],
+        v["patch_size"],
+        v["temporal_patch_size"],
+    )
     merged = d * v["spatial_merge_size"] ** 2
     shapes = {
         "model.visual.patch_embed.proj.weight": (d, v["in_channels"], tp, p, p),
@@ -190,24 +225,38 @@ def _vision_shapes(v: dict) -> dict[str, tuple]:
     }
     for b in range(v["depth"]):
         blk = f"model.visual.blocks.{b}"
-        shapes.update({
-            f"{blk}.norm1.weight": (d,), f"{blk}.norm1.bias": (d,),
-            f"{blk}.norm2.weight": (d,), f"{blk}.norm2.bias": (d,),
-            f"{blk}.attn.qkv.weight": (3 * d, d), f"{blk}.attn.qkv.bias": (3 * d,),
-            f"{blk}.attn.proj.weight": (d, d), f"{blk}.attn.proj.bias": (d,),
-            f"{blk}.mlp.linear_fc1.weight": (inter, d), f"{blk}.mlp.linear_fc1.bias": (inter,),
-            f"{blk}.mlp.linear_fc2.weight": (d, inter), f"{blk}.mlp.linear_fc2.bias": (d,),
-        })
-    shapes.update({
-        "model.visual.merger.norm.weight": (d,), "model.visual.merger.norm.bias": (d,),
-        "model.visual.merger.linear_fc1.weight": (merged, merged), "model.visual.merger.linear_fc1.bias": (merged,),
-        "model.visual.merger.linear_fc2.weight": (v["out_hidden_size"], merged),
-        "model.visual.merger.linear_fc2.bias": (v["out_hidden_size"],),
-    })
+        shapes.update(
+            {
+                f"{blk}.norm1.weight": (d,),
+                f"{blk}.norm1.bias": (d,),
+                f"{blk}.norm2.weight": (d,),
+                f"{blk}.norm2.bias": (d,),
+                f"{blk}.attn.qkv.weight": (3 * d, d),
+                f"{blk}.attn.qkv.bias": (3 * d,),
+                f"{blk}.attn.proj.weight": (d, d),
+                f"{blk}.attn.proj.bias": (d,),
+                f"{blk}.mlp.linear_fc1.weight": (inter, d),
+                f"{blk}.mlp.linear_fc1.bias": (inter,),
+                f"{blk}.mlp.linear_fc2.weight": (d, inter),
+                f"{blk}.mlp.linear_fc2.bias": (d,),
+            }
+        )
+    shapes.update(
+        {
+            "model.visual.merger.norm.weight": (d,),
+            "model.visual.merger.norm.bias": (d,),
+            "model.visual.merger.linear_fc1.weight": (merged, merged),
+            "model.visual.merger.linear_fc1.bias": (merged,),
+            "model.visual.merger.linear_fc2.weight": (v["out_hidden_size"], merged),
+            "model.visual.merger.linear_fc2.bias": (v["out_hidden_size"],),
+        }
+    )
     return shapes
 
 
-def checkpoint_tensor_shapes(config: dict, *, visual: bool = True, mtp: bool = True) -> dict[str, tuple]:
+def checkpoint_tensor_shapes(
+    config: dict, *, visual: bool = True, mtp: bool = True
+) -> dict[str, tuple]:
     """Every tensor name → shape of a Qwen3.5-MoE checkpoint for this config."""
     t = config["text_config"]
     h, vocab = t["hidden_size"], t["vocab_size"]
@@ -217,18 +266,24 @@ def checkpoint_tensor_shapes(config: dict, *, visual: bool = True, mtp: bool = T
         "lm_head.weight": (vocab, h),
     }
     for n, kind in enumerate(t["layer_types"]):
-        shapes.update(_decoder_layer_shapes(f"model.language_model.layers.{n}", t, kind, fused_experts=True))
+        shapes.update(
+            _decoder_layer_shapes(f"model.language_model.layers.{n}", t, kind, fused_experts=True)
+        )
     if visual:
         shapes.update(_vision_shapes(config["vision_config"]))
     if mtp:
-        shapes.update({
-            "mtp.fc.weight": (h, 2 * h),  # [embedding ; hidden] → hidden
-            "mtp.pre_fc_norm_embedding.weight": (h,),
-            "mtp.pre_fc_norm_hidden.weight": (h,),
-            "mtp.norm.weight": (h,),
-        })
+        shapes.update(
+            {
+                "mtp.fc.weight": (h, 2 * h),  # [embedding ; hidden] → hidden
+                "mtp.pre_fc_norm_embedding.weight": (h,),
+                "mtp.pre_fc_norm_hidden.weight": (h,),
+                "mtp.norm.weight": (h,),
+            }
+        )
         for n in range(t.get("mtp_num_hidden_layers", 1)):
-            shapes.update(_decoder_layer_shapes(f"mtp.layers.{n}", t, "full_attention", fused_experts=False))
+            shapes.update(
+                _decoder_layer_shapes(f"mtp.layers.{n}", t, "full_attention", fused_experts=False)
+            )
     return shapes
 
 
@@ -244,7 +299,9 @@ def _bf16_bytes(values: np.ndarray) -> bytes:
     return rounded.astype("<u2").tobytes()
 
 
-def write_safetensors(path: Path, tensors: dict[str, bytes], shapes: dict[str, tuple], dtype: str = "BF16") -> int:
+def write_safetensors(
+    path: Path, tensors: dict[str, bytes], shapes: dict[str, tuple], dtype: str = "BF16"
+) -> int:
     """Write a safetensors file (8-byte header length, JSON header, raw data); returns data bytes.
 
     Written by hand because numpy cannot hold bfloat16; `safetensors.safe_open` reads it back.
@@ -253,7 +310,11 @@ def write_safetensors(path: Path, tensors: dict[str, bytes], shapes: dict[str, t
     offset = 0
     for name in tensors:
         size = len(tensors[name])
-        header[name] = {"dtype": dtype, "shape": list(shapes[name]), "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(shapes[name]),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
@@ -265,8 +326,9 @@ def write_safetensors(path: Path, tensors: dict[str, bytes], shapes: dict[str, t
     return offset
 
 
-def build_tiny_checkpoint(directory: str | Path, *, visual: bool = True, mtp: bool = True,
-                          seed: int = 0, shards: int = 2) -> Path:
+def build_tiny_checkpoint(
+    directory: str | Path, *, visual: bool = True, mtp: bool = True, seed: int = 0, shards: int = 2
+) -> Path:
     """Write a tiny Qwen3.5-MoE checkpoint into directory and return it.
 
     visual=False / mtp=False leave out the `model.visual.*` / `mtp.*` tensors while config.json
@@ -277,7 +339,10 @@ def build_tiny_checkpoint(directory: str | Path, *, visual: bool = True, mtp: bo
     config = tiny_config()
     shapes = checkpoint_tensor_shapes(config, visual=visual, mtp=mtp)
     names = sorted(shapes)
-    data = {n: _bf16_bytes(_rng(seed, n).normal(0.0, 0.02, size=shapes[n]).astype(np.float32)) for n in names}
+    data = {
+        n: _bf16_bytes(_rng(seed, n).normal(0.0, 0.02, size=shapes[n]).astype(np.float32))
+        for n in names
+    }
 
     # Cut the sorted list into shards of about equal size, like save_pretrained's max_shard_size.
     total = sum(len(b) for b in data.values())
@@ -324,7 +389,9 @@ GGUF_DIMS = {
 
 # The layouts build_tiny_gguf can write; n_layers is always the number of real trunk blocks.
 GGUF_CLEAN = "clean"  # block_count = n_layers, no nextn key
-GGUF_MTP = "mtp"  # block_count = n_layers + 1, nextn_predict_layers = 1, blk.n_layers is a full MTP block
+GGUF_MTP = (
+    "mtp"  # block_count = n_layers + 1, nextn_predict_layers = 1, blk.n_layers is a full MTP block
+)
 GGUF_MISSING_MTP = "missing_mtp"  # the defect: MTP counted (block_count, nextn key) but not emitted
 GGUF_UNCOUNTED = "uncounted"  # the reverse: block_count = n_layers - 1, tensors for n_layers blocks
 # The field file's shape (the RTX 4090's Q4 GGUF): missing_mtp with the real model's 40 trunk
@@ -353,7 +420,9 @@ def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
     tokens += [f"<0x{b:02X}>" for b in range(128)]
     types += [gguf.TokenType.BYTE] * 128
     words = ["▁", "▁the", "▁a", "▁is", "▁hello", "▁world", "▁model", "▁fleet", "▁node", "▁ok"]
-    words += [f"▁{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + list("abcdefghijklmnopqrstuvwxyz.,!?")
+    words += [f"▁{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + list(
+        "abcdefghijklmnopqrstuvwxyz.,!?"
+    )
     words = list(dict.fromkeys(words))  # llama.cpp asserts every piece is unique
     tokens += words
     types += [gguf.TokenType.NORMAL] * len(words)
@@ -369,43 +438,51 @@ def _gguf_block_tensors(bid: int, recurrent: bool, mtp: bool, d: dict) -> dict[s
     b = f"blk.{bid}"
     ne = {f"{b}.attn_norm.weight": (e,), f"{b}.post_attention_norm.weight": (e,)}
     if recurrent:
-        ne.update({
-            f"{b}.attn_qkv.weight": (e, 2 * key_dim + value_dim),
-            f"{b}.attn_gate.weight": (e, value_dim),
-            f"{b}.ssm_conv1d.weight": (d["ssm_d_conv"], 2 * key_dim + value_dim),
-            f"{b}.ssm_dt.bias": (d["ssm_dt_rank"],),
-            f"{b}.ssm_a": (d["ssm_dt_rank"],),
-            f"{b}.ssm_beta.weight": (e, d["ssm_dt_rank"]),
-            f"{b}.ssm_alpha.weight": (e, d["ssm_dt_rank"]),
-            f"{b}.ssm_norm.weight": (d["ssm_d_state"],),
-            f"{b}.ssm_out.weight": (value_dim, e),
-        })
+        ne.update(
+            {
+                f"{b}.attn_qkv.weight": (e, 2 * key_dim + value_dim),
+                f"{b}.attn_gate.weight": (e, value_dim),
+                f"{b}.ssm_conv1d.weight": (d["ssm_d_conv"], 2 * key_dim + value_dim),
+                f"{b}.ssm_dt.bias": (d["ssm_dt_rank"],),
+                f"{b}.ssm_a": (d["ssm_dt_rank"],),
+                f"{b}.ssm_beta.weight": (e, d["ssm_dt_rank"]),
+                f"{b}.ssm_alpha.weight": (e, d["ssm_dt_rank"]),
+                f"{b}.ssm_norm.weight": (d["ssm_d_state"],),
+                f"{b}.ssm_out.weight": (value_dim, e),
+            }
+        )
     else:
-        ne.update({
-            f"{b}.attn_q.weight": (e, hd * d["n_head"] * 2),  # query + output gate
-            f"{b}.attn_k.weight": (e, hd * d["n_head_kv"]),
-            f"{b}.attn_v.weight": (e, hd * d["n_head_kv"]),
-            f"{b}.attn_output.weight": (hd * d["n_head"], e),
-            f"{b}.attn_q_norm.weight": (hd,),
-            f"{b}.attn_k_norm.weight": (hd,),
-        })
-    ne.update({
-        f"{b}.ffn_gate_inp.weight": (e, d["n_expert"]),
-        f"{b}.ffn_gate_exps.weight": (e, d["n_ff_exp"], d["n_expert"]),
-        f"{b}.ffn_up_exps.weight": (e, d["n_ff_exp"], d["n_expert"]),
-        f"{b}.ffn_down_exps.weight": (d["n_ff_exp"], e, d["n_expert"]),
-        f"{b}.ffn_gate_inp_shexp.weight": (e,),
-        f"{b}.ffn_gate_shexp.weight": (e, d["n_ff_shexp"]),
-        f"{b}.ffn_up_shexp.weight": (e, d["n_ff_shexp"]),
-        f"{b}.ffn_down_shexp.weight": (d["n_ff_shexp"], e),
-    })
+        ne.update(
+            {
+                f"{b}.attn_q.weight": (e, hd * d["n_head"] * 2),  # query + output gate
+                f"{b}.attn_k.weight": (e, hd * d["n_head_kv"]),
+                f"{b}.attn_v.weight": (e, hd * d["n_head_kv"]),
+                f"{b}.attn_output.weight": (hd * d["n_head"], e),
+                f"{b}.attn_q_norm.weight": (hd,),
+                f"{b}.attn_k_norm.weight": (hd,),
+            }
+        )
+    ne.update(
+        {
+            f"{b}.ffn_gate_inp.weight": (e, d["n_expert"]),
+            f"{b}.ffn_gate_exps.weight": (e, d["n_ff_exp"], d["n_expert"]),
+            f"{b}.ffn_up_exps.weight": (e, d["n_ff_exp"], d["n_expert"]),
+            f"{b}.ffn_down_exps.weight": (d["n_ff_exp"], e, d["n_expert"]),
+            f"{b}.ffn_gate_inp_shexp.weight": (e,),
+            f"{b}.ffn_gate_shexp.weight": (e, d["n_ff_shexp"]),
+            f"{b}.ffn_up_shexp.weight": (e, d["n_ff_shexp"]),
+            f"{b}.ffn_down_shexp.weight": (d["n_ff_shexp"], e),
+        }
+    )
     if mtp:
-        ne.update({
-            f"{b}.nextn.eh_proj.weight": (2 * e, e),
-            f"{b}.nextn.enorm.weight": (e,),
-            f"{b}.nextn.hnorm.weight": (e,),
-            f"{b}.nextn.shared_head_norm.weight": (e,),
-        })
+        ne.update(
+            {
+                f"{b}.nextn.eh_proj.weight": (2 * e, e),
+                f"{b}.nextn.enorm.weight": (e,),
+                f"{b}.nextn.hnorm.weight": (e,),
+                f"{b}.nextn.shared_head_norm.weight": (e,),
+            }
+        )
     return ne
 
 
@@ -422,8 +499,9 @@ def _gguf_values(name: str, ne: tuple, seed: int) -> np.ndarray:
     return rng.normal(0.0, 0.05, size=shape).astype(np.float32)
 
 
-def build_tiny_gguf(path: str | Path, *, layout: str = GGUF_CLEAN, n_layers: int | None = None,
-                    seed: int = 0) -> Path:
+def build_tiny_gguf(
+    path: str | Path, *, layout: str = GGUF_CLEAN, n_layers: int | None = None, seed: int = 0
+) -> Path:
     """Write a tiny qwen35moe GGUF with the given layout (see GGUF_LAYOUTS) and return its path.
 
     n_layers (default 4; GGUF_FIELD_MISSING_MTP: always FIELD_LAYERS) is the number of real
@@ -448,8 +526,13 @@ def build_tiny_gguf(path: str | Path, *, layout: str = GGUF_CLEAN, n_layers: int
     tokens, scores, types = tiny_vocab()
     n_vocab = len(tokens)
 
-    block_count = {GGUF_CLEAN: n_layers, GGUF_MTP: n_layers + 1, GGUF_MISSING_MTP: n_layers + 1,
-                   GGUF_UNCOUNTED: n_layers - 1, GGUF_FIELD_MISSING_MTP: n_layers + 1}[layout]
+    block_count = {
+        GGUF_CLEAN: n_layers,
+        GGUF_MTP: n_layers + 1,
+        GGUF_MISSING_MTP: n_layers + 1,
+        GGUF_UNCOUNTED: n_layers - 1,
+        GGUF_FIELD_MISSING_MTP: n_layers + 1,
+    }[layout]
     w = gguf.GGUFWriter(path, GGUF_ARCH)
     w.add_name(f"tiny-{GGUF_ARCH}-{layout}")
     w.add_context_length(d["context_length"])

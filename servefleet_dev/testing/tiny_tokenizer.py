@@ -29,8 +29,15 @@ from pathlib import Path
 
 VOCAB_SIZE = 512
 N_MERGES = 249
-SPECIALS = ["<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-            "<|video_pad|>", "<|im_start|>", "<|im_end|>"]
+SPECIALS = [
+    "<|endoftext|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|im_start|>",
+    "<|im_end|>",
+]
 FIRST_SPECIAL = VOCAB_SIZE - len(SPECIALS)  # 505
 EOS = "<|im_end|>"
 PAD = "<|endoftext|>"
@@ -65,8 +72,11 @@ _SPLIT = re.compile(r"'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map (the ByteLevel alphabet)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+    keep = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
         + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = keep[:]
     extra = 0
     for b in range(256):
@@ -80,8 +90,9 @@ def bytes_to_unicode() -> dict[int, str]:
 def learn_merges(corpus: str = CORPUS, n: int = N_MERGES) -> list[tuple[str, str]]:
     """Plain BPE: repeatedly merge the most frequent adjacent pair (ties: the smallest pair)."""
     table = bytes_to_unicode()
-    words = Counter(tuple(table[b] for b in piece.encode("utf-8"))
-                    for piece in _SPLIT.findall(corpus))
+    words = Counter(
+        tuple(table[b] for b in piece.encode("utf-8")) for piece in _SPLIT.findall(corpus)
+    )
     merges: list[tuple[str, str]] = []
     while len(merges) < n:
         pairs: Counter = Counter()
@@ -119,11 +130,24 @@ def tokenizer_json() -> dict:
         vocab[a + b] = len(vocab)
     if len(vocab) != FIRST_SPECIAL:
         raise ValueError(f"{len(vocab)} regular tokens, {FIRST_SPECIAL} wanted")
-    added = [{"id": FIRST_SPECIAL + k, "content": s, "single_word": False, "lstrip": False,
-              "rstrip": False, "normalized": False, "special": True}
-             for k, s in enumerate(SPECIALS)]
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                  "use_regex": True}
+    added = [
+        {
+            "id": FIRST_SPECIAL + k,
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for k, s in enumerate(SPECIALS)
+    ]
+    byte_level = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": True,
+    }
     return {
         "version": "1.0",
         "truncation": None,
@@ -133,18 +157,34 @@ def tokenizer_json() -> dict:
         "pre_tokenizer": byte_level,
         "post_processor": dict(byte_level, trim_offsets=False),
         "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": [f"{a} {b}" for a, b in merges]},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [f"{a} {b}" for a, b in merges],
+        },
     }
 
 
 def tokenizer_config() -> dict:
     """tokenizer_config.json: the fast tokenizer class, specials, the chat template."""
-    decoder = {str(FIRST_SPECIAL + k): {"content": s, "lstrip": False, "normalized": False,
-                                        "rstrip": False, "single_word": False, "special": True}
-               for k, s in enumerate(SPECIALS)}
+    decoder = {
+        str(FIRST_SPECIAL + k): {
+            "content": s,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for k, s in enumerate(SPECIALS)
+    }
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "added_tokens_decoder": decoder,
@@ -160,8 +200,11 @@ def tokenizer_config() -> dict:
 
 
 def generation_config() -> dict:
-    return {"eos_token_id": FIRST_SPECIAL + SPECIALS.index(EOS),
-            "pad_token_id": FIRST_SPECIAL + SPECIALS.index(PAD), "do_sample": False}
+    return {
+        "eos_token_id": FIRST_SPECIAL + SPECIALS.index(EOS),
+        "pad_token_id": FIRST_SPECIAL + SPECIALS.index(PAD),
+        "do_sample": False,
+    }
 
 
 def write_tiny_tokenizer(directory: str | Path) -> Path:
@@ -169,11 +212,15 @@ def write_tiny_tokenizer(directory: str | Path) -> Path:
     generation_config.json into directory (a tiny checkpoint's) and return it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    files = {"tokenizer.json": tokenizer_json(), "tokenizer_config.json": tokenizer_config(),
-             "generation_config.json": generation_config()}
+    files = {
+        "tokenizer.json": tokenizer_json(),
+        "tokenizer_config.json": tokenizer_config(),
+        "generation_config.json": generation_config(),
+    }
     for name, value in files.items():
-        (directory / name).write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n",
-                                      encoding="utf-8")
+        (directory / name).write_text(
+            json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
     (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
     return directory
 

@@ -66,8 +66,14 @@ def make_checkpoint(out: Path, keep_visual: bool = False) -> None:
     """Save a random tiny Qwen3_5MoeForConditionalGeneration, without visual.* tensors
     unless `keep_visual` (a vision-language checkpoint served text-only)."""
     import torch  # optional heavy dependency: only inside the vLLM venv
-    from safetensors.torch import load_file, save_file  # optional heavy dependency: only inside the vLLM venv
-    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration  # optional heavy dependency: only inside the vLLM venv
+    from safetensors.torch import (
+        load_file,
+        save_file,
+    )  # optional heavy dependency: only inside the vLLM venv
+    from transformers import (
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeForConditionalGeneration,
+    )  # optional heavy dependency: only inside the vLLM venv
 
     torch.manual_seed(0)
     config = Qwen3_5MoeConfig(text_config=TINY_TEXT_CONFIG, vision_config=TINY_VISION_CONFIG)
@@ -114,9 +120,19 @@ def load(checkpoint: Path, language_model_only: bool) -> dict:
     vllm.platforms._current_platform = vllm.platforms.cpu.CpuPlatform()
 
     import vllm  # optional heavy dependency: only inside the vLLM venv
-    from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config  # optional heavy dependency: only inside the vLLM venv
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel  # optional heavy dependency: only inside the vLLM venv
-    from vllm.model_executor.model_loader import get_model  # optional heavy dependency: only inside the vLLM venv
+    from vllm.config import (
+        DeviceConfig,
+        ModelConfig,
+        VllmConfig,
+        set_current_vllm_config,
+    )  # optional heavy dependency: only inside the vLLM venv
+    from vllm.distributed import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )  # optional heavy dependency: only inside the vLLM venv
+    from vllm.model_executor.model_loader import (
+        get_model,
+    )  # optional heavy dependency: only inside the vLLM venv
 
     model_config = ModelConfig(
         model=str(checkpoint),

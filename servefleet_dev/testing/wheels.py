@@ -1,8 +1,8 @@
 """Real vLLM wheels from PyPI for tests, downloaded once into the servefleet cache.
 
-    wheel = vllm_wheel("0.24.0")   # cache/wheels/vllm-0.24.0-cp38-abi3-...whl
-    source = wheel_member(wheel, "vllm/model_executor/models/qwen3_5.py")
-    venv = vllm_venv("0.24.0")     # cache/venvs/vllm-0.24.0-cpu-loader
+wheel = vllm_wheel("0.24.0")   # cache/wheels/vllm-0.24.0-cp38-abi3-...whl
+source = wheel_member(wheel, "vllm/model_executor/models/qwen3_5.py")
+venv = vllm_venv("0.24.0")     # cache/venvs/vllm-0.24.0-cpu-loader
 """
 
 from __future__ import annotations
@@ -35,9 +35,18 @@ def vllm_wheel(version: str) -> Path:
             # --no-deps: only this wheel (~300 MB), not torch and friends.
             subprocess.run(
                 [
-                    sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                    "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64",
-                    "--dest", str(wheels), f"vllm=={version}",
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--platform",
+                    "manylinux_2_28_x86_64",
+                    "--dest",
+                    str(wheels),
+                    f"vllm=={version}",
                 ],
                 check=True,
             )

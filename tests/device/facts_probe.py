@@ -21,7 +21,13 @@ with open(os.path.join(os.environ.get("OUT", "/tmp"), "facts.json"), "w") as fh:
     json.dump(found, fh, indent=2)
 print(json.dumps(found, indent=2))
 
-node.preflight(name="Preflight as the GPU recipes run it", data={
-    "require_gpu": True, "min_driver_version": 580, "expected_arch": None,
-    "min_free_disk_bytes": 1024**3, "servefleet_root": "/tmp/servefleet-probe",
-})
+node.preflight(
+    name="Preflight as the GPU recipes run it",
+    data={
+        "require_gpu": True,
+        "min_driver_version": 580,
+        "expected_arch": None,
+        "min_free_disk_bytes": 1024**3,
+        "servefleet_root": "/tmp/servefleet-probe",
+    },
+)

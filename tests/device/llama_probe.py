@@ -60,8 +60,11 @@ def cmd_cmake_args() -> int:
 
 
 def lint_flag(gguf: Path) -> tuple[str | None, str]:
-    res = subprocess.run([sys.executable, str(REPO / "servefleet/core/lint/gguf_lint.py"),
-                          "--flag", str(gguf)], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, str(REPO / "servefleet/core/lint/gguf_lint.py"), "--flag", str(gguf)],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode != 0:
         return None, f"lint rc {res.returncode}: {res.stderr.strip()[-300:]}"
     return res.stdout.strip() or None, "servefleet/core/lint/gguf_lint.py --flag on this machine"
@@ -76,9 +79,14 @@ def cmd_render(model_dir: str, binary: str, project: bool) -> int:
     data = load_data()
     data["llamacpp_server_args"] = list(SERVER_ARGS)
     gguf = Path(model_dir) / data["model_file"]
-    out: dict = {"groups": list(GROUPS), "overrides": {"llamacpp_server_args": SERVER_ARGS},
-                 "model": str(gguf), "served_model_name": data["served_model_name"],
-                 "port": data["service_port"], "cmake_flags": cmake_flags()}
+    out: dict = {
+        "groups": list(GROUPS),
+        "overrides": {"llamacpp_server_args": SERVER_ARGS},
+        "model": str(gguf),
+        "served_model_name": data["served_model_name"],
+        "port": data["service_port"],
+        "cmake_flags": cmake_flags(),
+    }
     if project:
         os.chdir(REPO)
         from servefleet.core import llamacpp as logic
@@ -91,35 +99,66 @@ def cmd_render(model_dir: str, binary: str, project: bool) -> int:
             raise SystemExit(f"the lint gave no flag: {how}")
         argvs = {}
         for name, overrides in (("without_override", False), ("with_override", True)):
-            ctx = logic.unit_context({**data, "llamacpp_gguf_overrides": overrides}, model_dir,
-                                     override_kv=lambda: flag)
+            ctx = logic.unit_context(
+                {**data, "llamacpp_gguf_overrides": overrides}, model_dir, override_kv=lambda: flag
+            )
             argv = exec_argv(ctx["exec_start"]())
             out.setdefault("unit_binary", argv[0])
             argvs[name] = [binary, *argv[1:]]
-        env = dict(e.strip('"').split("=", 1) for e in
-                   logic.unit_context(data, model_dir, override_kv=lambda: flag)["environment"])
+        env = dict(
+            e.strip('"').split("=", 1)
+            for e in logic.unit_context(data, model_dir, override_kv=lambda: flag)["environment"]
+        )
         lay = NodeLayout.of(data)
         health = health_ops.argv(
-            str(REPO / "files/health/health.py"), data["python_interpreter"]["ubuntu"],
-            api_url(data), data["served_model_name"], logic.UNIT,
+            str(REPO / "files/health/health.py"),
+            data["python_interpreter"]["ubuntu"],
+            api_url(data),
+            data["served_model_name"],
+            logic.UNIT,
             key_file=lay.api_key_file if data.get("api_key_file") else None,
-            timeout_s=data["health_timeout_s"], settle_s=data["health_settle_s"],
-            expect_stopped=data["service_state"] != "running")
+            timeout_s=data["health_timeout_s"],
+            settle_s=data["health_settle_s"],
+            expect_stopped=data["service_state"] != "running",
+        )
         out["rendered_by"] = "servefleet.core.llamacpp.unit_context + operations.health.argv"
     else:
         flag = KNOWN_FLAG
         out["flag"], out["flag_source"] = flag, "dev machine's lint output (no gguf here)"
-        base = [binary, "-m", str(gguf), "--alias", data["served_model_name"], "-c",
-                str(data["llamacpp_context"]), "--host", data["service_host"], "--port",
-                str(data["service_port"])]
-        argvs = {"without_override": base + SERVER_ARGS,
-                 "with_override": base + ["--override-kv", flag] + SERVER_ARGS}
+        base = [
+            binary,
+            "-m",
+            str(gguf),
+            "--alias",
+            data["served_model_name"],
+            "-c",
+            str(data["llamacpp_context"]),
+            "--host",
+            data["service_host"],
+            "--port",
+            str(data["service_port"]),
+        ]
+        argvs = {
+            "without_override": base + SERVER_ARGS,
+            "with_override": base + ["--override-kv", flag] + SERVER_ARGS,
+        }
         env = {"HOME": "/opt/servefleet/cache", "GGML_CUDA_NO_PINNED": "1", "HF_HUB_OFFLINE": "1"}
         url = f"http://{data['service_host']}:{data['service_port']}"
-        health = ["python3", "-I", str(REPO / "files/health/health.py"), "--url", url,
-                  "--model", data["served_model_name"], "--unit", "servefleet-llama.service",
-                  "--timeout", str(data["health_timeout_s"]), "--settle",
-                  str(data["health_settle_s"])]
+        health = [
+            "python3",
+            "-I",
+            str(REPO / "files/health/health.py"),
+            "--url",
+            url,
+            "--model",
+            data["served_model_name"],
+            "--unit",
+            "servefleet-llama.service",
+            "--timeout",
+            str(data["health_timeout_s"]),
+            "--settle",
+            str(data["health_settle_s"]),
+        ]
         out["rendered_by"] = "assembled in tests/device/llama_probe.py (no pyinfra/gguf here)"
     out["argv"] = argvs
     out["unit_env"] = env

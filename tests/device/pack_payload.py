@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Python half of tests/device/pack_payload.sh (read that first). Run with the project venv.
 
-    pack_payload.py vllm-pins CARRIED        vllm==0.24.0 + the 88 pins of carried-wheels.txt
-    pack_payload.py sf-pins CARRIED          the closure of pyinfra + gguf (less numpy) at this
-                                             venv's versions, for a cp312 Linux x86_64 target;
-                                             the pins also in the vLLM set (same version) are
-                                             marked `shared`
-    pack_payload.py pick DIR PIN...          the wheel in DIR for each name==version pin
-    pack_payload.py llama DEST               DEST/llama.cpp-b9785.tar.gz (llama_src.export_tree,
-                                             trim "mirror", its commit checked against
-                                             llama_src.PINNED) + the tiny field GGUF
+pack_payload.py vllm-pins CARRIED        vllm==0.24.0 + the 88 pins of carried-wheels.txt
+pack_payload.py sf-pins CARRIED          the closure of pyinfra + gguf (less numpy) at this
+                                         venv's versions, for a cp312 Linux x86_64 target;
+                                         the pins also in the vLLM set (same version) are
+                                         marked `shared`
+pack_payload.py pick DIR PIN...          the wheel in DIR for each name==version pin
+pack_payload.py llama DEST               DEST/llama.cpp-b9785.tar.gz (llama_src.export_tree,
+                                         trim "mirror", its commit checked against
+                                         llama_src.PINNED) + the tiny field GGUF
 """
 
 from __future__ import annotations
@@ -31,10 +31,18 @@ VLLM_WHEEL_SHA256 = "2d2831aeba311292250df0132dbc4d8e9f42c654536eaec48e6fe58acb1
 SF_ROOTS = ("pyinfra", "gguf")
 SF_SKIP = {"numpy"}  # gguf's numpy: the GPU image has its own (torch needs it)
 # The device's python3: CPython 3.12 on Linux x86_64.
-TARGET = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
-          "implementation_name": "cpython", "platform_python_implementation": "CPython",
-          "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-          "os_name": "posix", "extra": ""}
+TARGET = {
+    **default_environment(),
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "extra": "",
+}
 
 
 def carried_pins(carried: str) -> list[str]:
@@ -76,8 +84,10 @@ def cmd_sf_pins(carried: str) -> int:
     vllm = {canonicalize_name(p.split("==")[0]): p.split("==")[1] for p in carried_pins(carried)}
     for name, version in sf_closure().items():
         if name in vllm and vllm[name] != version:
-            print(f"note: {name} {version} here, {vllm[name]} in the vLLM set: carried twice",
-                  file=sys.stderr)
+            print(
+                f"note: {name} {version} here, {vllm[name]} in the vLLM set: carried twice",
+                file=sys.stderr,
+            )
         print(f"{name}=={version}" + (" shared" if vllm.get(name) == version else ""))
     return 0
 
@@ -114,15 +124,26 @@ def cmd_llama(dest: str) -> int:
         if sha != llama_src.PINNED[tag]:
             raise SystemExit(f"b9785 mirror-trim commit {sha} != pinned {llama_src.PINNED[tag]}")
         print(f"b9785 tree (trim mirror): commit {sha} = llama_src.PINNED", file=sys.stderr)
-        subprocess.run(f"tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner "
-                       f"-C {tmp} -cf - llama.cpp | gzip -n -9 > "
-                       f"{dest_dir / 'llama.cpp-b9785.tar.gz'}", shell=True, check=True)
-    gguf = tiny_models.build_tiny_gguf(dest_dir / "tiny-qwen35moe-field-missing-mtp.gguf",
-                                       layout=tiny_models.GGUF_FIELD_MISSING_MTP)
-    res = subprocess.run([sys.executable, str(REPO / "servefleet/core/lint/gguf_lint.py"),
-                          "--flag", str(gguf)], capture_output=True, text=True, check=True)
-    known = re.search(r'KNOWN_FLAG = "([^"]+)"',
-                      (REPO / "tests/device/llama_probe.py").read_text()).group(1)
+        subprocess.run(
+            f"tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner "
+            f"-C {tmp} -cf - llama.cpp | gzip -n -9 > "
+            f"{dest_dir / 'llama.cpp-b9785.tar.gz'}",
+            shell=True,
+            check=True,
+        )
+    gguf = tiny_models.build_tiny_gguf(
+        dest_dir / "tiny-qwen35moe-field-missing-mtp.gguf",
+        layout=tiny_models.GGUF_FIELD_MISSING_MTP,
+    )
+    res = subprocess.run(
+        [sys.executable, str(REPO / "servefleet/core/lint/gguf_lint.py"), "--flag", str(gguf)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    known = re.search(
+        r'KNOWN_FLAG = "([^"]+)"', (REPO / "tests/device/llama_probe.py").read_text()
+    ).group(1)
     if res.stdout.strip() != known:
         raise SystemExit(f"gguf lint flag {res.stdout.strip()!r} != llama_probe's {known!r}")
     print(f"tiny GGUF lint flag = llama_probe.KNOWN_FLAG ({known})", file=sys.stderr)

@@ -49,8 +49,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from servefleet_dev.testing.sandbox_model import (CLOSED_BASE_PATHS, DeviceTable,  # noqa: E402
-                                                  allowed, syscall_allow_list, syscall_groups)
+from servefleet_dev.testing.sandbox_model import (
+    CLOSED_BASE_PATHS,
+    DeviceTable,  # noqa: E402
+    allowed,
+    syscall_allow_list,
+    syscall_groups,
+)
 
 SYSCALLS = REPO / "tests" / "fixtures" / "systemd" / "syscall-filter-252.txt"
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
@@ -76,11 +81,14 @@ def check(rc: int, what: str) -> None:
 
 def mount(src, target, fstype, flags, data=None) -> None:
     enc = lambda v: v.encode() if isinstance(v, str) else v  # noqa: E731
-    check(libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-          f"mount {src} {target} {fstype} {flags:#x}")
+    check(
+        libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+        f"mount {src} {target} {fstype} {flags:#x}",
+    )
 
 
 # --- the unit file -------------------------------------------------------------------------------
+
 
 def parse_unit(text: str) -> dict[str, list[str]]:
     """[Service] settings -> values in order (continuation lines joined, comments dropped)."""
@@ -113,8 +121,13 @@ def command(value: str) -> tuple[str, list[str]]:
 
 
 def environment(unit: dict[str, list[str]], extra: list[str], user: pwd.struct_passwd) -> dict:
-    env = {"USER": user.pw_name, "LOGNAME": user.pw_name, "SHELL": user.pw_shell,
-           "HOME": user.pw_dir, "PATH": SYSTEMD_PATH}
+    env = {
+        "USER": user.pw_name,
+        "LOGNAME": user.pw_name,
+        "SHELL": user.pw_shell,
+        "HOME": user.pw_dir,
+        "PATH": SYSTEMD_PATH,
+    }
     for value in unit.get("Environment", []):
         for word in shlex.split(value):
             key, _, val = word.partition("=")
@@ -127,11 +140,18 @@ def environment(unit: dict[str, list[str]], extra: list[str], user: pwd.struct_p
 
 # --- the pieces of the sandbox -------------------------------------------------------------------
 
+
 def mount_flags(options: str) -> int:
     flags = 0
-    for opt, bit in (("nosuid", MS_NOSUID), ("nodev", MS_NODEV), ("noexec", MS_NOEXEC),
-                     ("noatime", MS_NOATIME), ("nodiratime", MS_NODIRATIME),
-                     ("relatime", MS_RELATIME), ("strictatime", MS_STRICTATIME)):
+    for opt, bit in (
+        ("nosuid", MS_NOSUID),
+        ("nodev", MS_NODEV),
+        ("noexec", MS_NOEXEC),
+        ("noatime", MS_NOATIME),
+        ("nodiratime", MS_NODIRATIME),
+        ("relatime", MS_RELATIME),
+        ("strictatime", MS_STRICTATIME),
+    ):
         if opt in options.split(","):
             flags |= bit
     return flags
@@ -168,12 +188,21 @@ def private_dev(unit_text: str) -> list[str]:
         os.makedirs(f"{stage}/{name}", exist_ok=True)
     mount("tmpfs", f"{stage}/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     try:
-        mount("devpts", f"{stage}/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-              "newinstance,ptmxmode=0666,mode=620")
+        mount(
+            "devpts",
+            f"{stage}/pts",
+            "devpts",
+            MS_NOSUID | MS_NOEXEC,
+            "newinstance,ptmxmode=0666,mode=620",
+        )
     except OSError as exc:
         log(f"no private /dev/pts ({exc}): the engines need no terminal")
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{stage}/{name}")
     mount(stage, "/dev", None, MS_MOVE)
     return keep
@@ -189,8 +218,13 @@ def hide(paths) -> None:
                 continue
             raise OSError(errno.ENOENT, "InaccessiblePaths=", path)
         if os.path.isdir(path):
-            mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                  "mode=000,size=4k")
+            mount(
+                "tmpfs",
+                path,
+                "tmpfs",
+                MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                "mode=000,size=4k",
+            )
         else:
             empty = "/run/sandbox-exec-inaccessible"
             with open(empty, "w"):
@@ -212,8 +246,11 @@ def mount_namespace(unit: dict[str, list[str]], unit_text: str) -> None:
     if Path("/proc/sys").is_dir():
         mount("/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
     for point, options in mounts():
-        keep_rw = any(under(point, w) for w in writable) or under(point, "/dev") \
+        keep_rw = (
+            any(under(point, w) for w in writable)
+            or under(point, "/dev")
             or (under(point, "/proc") and not under(point, "/proc/sys"))
+        )
         if keep_rw:
             continue
         try:
@@ -230,8 +267,12 @@ def mount_namespace(unit: dict[str, list[str]], unit_text: str) -> None:
 
 
 class ScmpArgCmp(ctypes.Structure):
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
-                ("datum_b", ctypes.c_uint64)]
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
 
 
 # MemoryDenyWriteExecute= as systemd 252 builds it (src/shared/seccomp-util.c,
@@ -254,8 +295,13 @@ def seccomp_filter(names: set[str], families: set[int] | None, mdwe: bool) -> in
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
-                                           ctypes.c_uint, ctypes.POINTER(ScmpArgCmp)]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(ScmpArgCmp),
+    ]
     lib.seccomp_load.argtypes = [ctypes.c_void_p]
     kill_process, allow = 0x80000000, 0x7FFF0000
     eafnosupport = 0x00050000 | errno.EAFNOSUPPORT
@@ -275,16 +321,20 @@ def seccomp_filter(names: set[str], families: set[int] | None, mdwe: bool) -> in
                     continue
                 cmp = ScmpArgCmp(arg, SCMP_CMP_MASKED_EQ, mask, value)
                 action = allow if value in allowed_values else eperm
-                check(lib.seccomp_rule_add_array(ctx, action, nr, 1, ctypes.byref(cmp)),
-                      f"seccomp rule {name}({value:#x})")
+                check(
+                    lib.seccomp_rule_add_array(ctx, action, nr, 1, ctypes.byref(cmp)),
+                    f"seccomp rule {name}({value:#x})",
+                )
             rules += 1
             continue
         if name == "socket" and families is not None:
             for family in range(0, 46):
                 cmp = ScmpArgCmp(0, SCMP_CMP_EQ, family, 0)
                 action = allow if family in families else eafnosupport
-                check(lib.seccomp_rule_add_array(ctx, action, nr, 1, ctypes.byref(cmp)),
-                      f"seccomp rule socket({family})")
+                check(
+                    lib.seccomp_rule_add_array(ctx, action, nr, 1, ctypes.byref(cmp)),
+                    f"seccomp rule socket({family})",
+                )
             rules += 1
             continue
         if lib.seccomp_rule_add_array(ctx, allow, nr, 0, None) == 0:
@@ -302,8 +352,14 @@ def drop_privileges(unit: dict[str, list[str]]) -> pwd.struct_passwd:
     return user
 
 
-def sandboxed(unit: dict[str, list[str]], unit_text: str, argv: list[str], env_extra: list[str],
-              mdwe: bool, mounts_too: bool = True) -> int:
+def sandboxed(
+    unit: dict[str, list[str]],
+    unit_text: str,
+    argv: list[str],
+    env_extra: list[str],
+    mdwe: bool,
+    mounts_too: bool = True,
+) -> int:
     """Fork a child that enters the sandbox and execs argv; returns the child's pid."""
     user = pwd.getpwnam(unit["User"][-1])
     env = environment(unit, env_extra, user)
@@ -326,8 +382,11 @@ def sandboxed(unit: dict[str, list[str]], unit_text: str, argv: list[str], env_e
         os.umask(int(unit.get("UMask", ["0022"])[-1], 8))
         os.chdir(unit.get("WorkingDirectory", [user.pw_dir])[-1])
         rules = seccomp_filter(names, families, mdwe)
-        os.write(2, f"sandbox_exec: [{os.getpid()}] as {user.pw_name}, mdwe {mdwe}, {rules} "
-                    f"system calls allowed: {shlex.join(argv)}\n".encode())
+        os.write(
+            2,
+            f"sandbox_exec: [{os.getpid()}] as {user.pw_name}, mdwe {mdwe}, {rules} "
+            f"system calls allowed: {shlex.join(argv)}\n".encode(),
+        )
         os.execve(argv[0], argv, env)
     except BaseException as exc:  # noqa: BLE001 (the child must never return)
         os.write(2, f"sandbox_exec: could not enter the sandbox: {exc}\n".encode())
@@ -338,8 +397,10 @@ def wait(pid: int) -> int:
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        log(f"[{pid}] killed by signal {sig} ({signal.Signals(sig).name})"
-            + (": a system call outside SystemCallFilter=" if sig == signal.SIGSYS else ""))
+        log(
+            f"[{pid}] killed by signal {sig} ({signal.Signals(sig).name})"
+            + (": a system call outside SystemCallFilter=" if sig == signal.SIGSYS else "")
+        )
         return 128 + sig
     return os.WEXITSTATUS(status)
 
@@ -349,15 +410,20 @@ def main(argv=None) -> int:
     ap.add_argument("unit_file")
     ap.add_argument("--mdwe", choices=["on", "off", "unit"], default="unit")
     ap.add_argument("--setenv", action="append", default=[], help="probe-only additions, K=V")
-    ap.add_argument("--no-mount-namespace", dest="mounts", action="store_false",
-                    help="where the machine refuses unshare(CLONE_NEWNS): no read-only tree, "
-                         "private /tmp or /dev (said in the log)")
+    ap.add_argument(
+        "--no-mount-namespace",
+        dest="mounts",
+        action="store_false",
+        help="where the machine refuses unshare(CLONE_NEWNS): no read-only tree, "
+        "private /tmp or /dev (said in the log)",
+    )
     ap.add_argument("--argv", nargs=argparse.REMAINDER, help="run this instead of ExecStart=")
     args = ap.parse_args(argv)
     text = Path(args.unit_file).read_text()
     unit = parse_unit(text)
-    mdwe = {"on": True, "off": False}.get(args.mdwe,
-                                          unit.get("MemoryDenyWriteExecute", ["no"])[-1] == "yes")
+    mdwe = {"on": True, "off": False}.get(
+        args.mdwe, unit.get("MemoryDenyWriteExecute", ["no"])[-1] == "yes"
+    )
     for value in unit.get("ExecStartPre", []):
         prefixes, pre = command(value)
         if "+" in prefixes:
@@ -372,8 +438,10 @@ def main(argv=None) -> int:
             return rc
     _, main_argv = command(unit["ExecStart"][-1]) if not args.argv else ("", args.argv)
     if not args.mounts:
-        log("NOT applied: the mount namespace (ProtectSystem, ReadWritePaths, PrivateTmp, "
-            "ProtectHome, the /dev of DevicePolicy): unshare(CLONE_NEWNS) is refused here")
+        log(
+            "NOT applied: the mount namespace (ProtectSystem, ReadWritePaths, PrivateTmp, "
+            "ProtectHome, the /dev of DevicePolicy): unshare(CLONE_NEWNS) is refused here"
+        )
     pid = sandboxed(unit, text, main_argv, args.setenv, mdwe, args.mounts)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: os.killpg(pid, s))

@@ -82,11 +82,13 @@ PROBE_ONLY_ARGS = ["--gdn-prefill-backend", "triton"]
 # venv here (vLLM runs from /root/site with this python3 and PYTHONPATH).
 DROPPED_UNIT_ENV = ("VIRTUAL_ENV", "PATH")
 
-KV_LINE = re.compile(r"GPU KV cache size|Maximum concurrency|attention block size|"
-                     r"Padding mamba page|kv_cache_memory_bytes|Available KV cache|"
-                     r"Using .*backend|Following weights|Traceback|Error|error:|"
-                     r"Loading weights took|Model loading took|init engine|torch.compile|"
-                     r"CUDA graph|language.model.only|for vit attention|visual")
+KV_LINE = re.compile(
+    r"GPU KV cache size|Maximum concurrency|attention block size|"
+    r"Padding mamba page|kv_cache_memory_bytes|Available KV cache|"
+    r"Using .*backend|Following weights|Traceback|Error|error:|"
+    r"Loading weights took|Model loading took|init engine|torch.compile|"
+    r"CUDA graph|language.model.only|for vit attention|visual"
+)
 
 
 PROGRESS = re.compile(r"\d+/\d+ \[[^\]]*(it/s|s/it)\]")  # tqdm bars (CUDA graph capture)
@@ -130,6 +132,7 @@ def alive(pid: int) -> bool:
 
 # --- stage ---------------------------------------------------------------------------------------
 
+
 def read_manifest(path: Path) -> dict:
     """payload.manifest: `<sha256>  payload.tar`, `parts N`, then `<sha256>  payload.tar.partNN`."""
     lines = path.read_text().split("\n")
@@ -157,8 +160,10 @@ def cmd_stage(args) -> int:
         manifest = read_manifest(manifest_file)
         staged_manifest = STAGE / "payload.manifest"
         if staged_manifest.exists() and staged_manifest.read_text() != manifest_file.read_text():
-            log(f"{manifest_file} differs from the staged manifest: another payload; "
-                f"remove {STAGE} first")
+            log(
+                f"{manifest_file} differs from the staged manifest: another payload; "
+                f"remove {STAGE} first"
+            )
             return 3
         shutil.copyfile(manifest_file, staged_manifest)
         want = manifest["parts"].get(part.name)
@@ -187,18 +192,28 @@ def start_background_install() -> None:
         log(f"install already running (pid {pid_file.read_text().strip()})")
         return
     logf = open(STATE / "install.log", "ab")
-    proc = subprocess.Popen([PY, str(Path(__file__).resolve()), "install", "--foreground"],
-                            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, cwd=REPO,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [PY, str(Path(__file__).resolve()), "install", "--foreground"],
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     pid_file.write_text(str(proc.pid))
-    log(f"all parts staged: install started in the background (pid {proc.pid}, log "
-        f"{STATE / 'install.log'}); `vllm_cuda_probe.sh install` waits for it")
+    log(
+        f"all parts staged: install started in the background (pid {proc.pid}, log "
+        f"{STATE / 'install.log'}); `vllm_cuda_probe.sh install` waits for it"
+    )
 
 
 # --- install -------------------------------------------------------------------------------------
 
-def run(cmd: list[str], env: dict | None = None, check: bool = True, **kw) -> subprocess.CompletedProcess:
+
+def run(
+    cmd: list[str], env: dict | None = None, check: bool = True, **kw
+) -> subprocess.CompletedProcess:
     text = " ".join(shlex.quote(str(c)) for c in cmd)
     log("$ " + (text if len(text) <= 400 else text[:400] + f" ... ({len(cmd)} words)"))
     res = subprocess.run([str(c) for c in cmd], env=env, text=True, capture_output=True, **kw)
@@ -269,8 +284,18 @@ def cmd_install(args) -> int:
     log(f"untarred and every wheel's sha256 checked ({time.monotonic() - t0:.0f} s)")
 
     # 2. The wheels: vLLM's closure for the server, pyinfra's for rendering (kept apart).
-    pip = [PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-           "--no-cache-dir", "--disable-pip-version-check"]
+    pip = [
+        PY,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+    ]
     vllm_wheels = sorted(glob.glob(str(payload / "vllm" / "*.whl")))
     shared = [str(payload / "vllm" / n) for n in (payload / "sf" / "SHARED").read_text().split()]
     sf_wheels = sorted(glob.glob(str(payload / "sf" / "*.whl"))) + shared
@@ -282,58 +307,99 @@ def cmd_install(args) -> int:
     if os.environ.get("SF_PROBE_NO_GPU"):  # the CPU-only rehearsal (no torch): skip the import
         record["versions"] = {"vllm": VLLM_VERSION, "note": "SF_PROBE_NO_GPU: not imported"}
     else:
-        res = run([PY, "-c", "import json, torch, transformers, tokenizers, triton, vllm, numpy; "
-                   "print(json.dumps({'vllm': vllm.__version__, 'vllm_file': vllm.__file__, "
-                   "'torch': torch.__version__, 'cuda': torch.version.cuda, "
-                   "'transformers': transformers.__version__, "
-                   "'tokenizers': tokenizers.__version__, 'triton': triton.__version__, "
-                   "'numpy': numpy.__version__, 'gpu': torch.cuda.get_device_name(0) "
-                   "if torch.cuda.is_available() else None}))"], env=site_env(SITE))
+        res = run(
+            [
+                PY,
+                "-c",
+                "import json, torch, transformers, tokenizers, triton, vllm, numpy; "
+                "print(json.dumps({'vllm': vllm.__version__, 'vllm_file': vllm.__file__, "
+                "'torch': torch.__version__, 'cuda': torch.version.cuda, "
+                "'transformers': transformers.__version__, "
+                "'tokenizers': tokenizers.__version__, 'triton': triton.__version__, "
+                "'numpy': numpy.__version__, 'gpu': torch.cuda.get_device_name(0) "
+                "if torch.cuda.is_available() else None}))",
+            ],
+            env=site_env(SITE),
+        )
         record["versions"] = json.loads(res.stdout.strip().splitlines()[-1])
     if record["versions"]["vllm"] != VLLM_VERSION:
         raise SystemExit(f"vllm {record['versions']['vllm']} imported, not {VLLM_VERSION}")
 
     # 3. The recorded patch (servefleet.operations.vllm_patch.recorded_patch), applied by the
     #    node-side applier with the same argv the operation runs on a node.
-    res = run([PY, str(Path(__file__).resolve()), "patch-info"], env=site_env(SFSITE, REPO),
-              cwd=REPO)
+    res = run(
+        [PY, str(Path(__file__).resolve()), "patch-info"], env=site_env(SFSITE, REPO), cwd=REPO
+    )
     patch = json.loads(res.stdout.strip().splitlines()[-1])
     target = SITE / MODEL_FILE
     before = sha256_file(target)
     record["qwen3_5_installed_sha256"] = before
     if before == patch["pristine_sha256"]:
-        run([PY, APPLIER, target, REPO / patch["patch_file"], patch["pristine_sha256"],
-             patch["patched_sha256"]], cwd=REPO)
+        run(
+            [
+                PY,
+                APPLIER,
+                target,
+                REPO / patch["patch_file"],
+                patch["pristine_sha256"],
+                patch["patched_sha256"],
+            ],
+            cwd=REPO,
+        )
     elif before != patch["patched_sha256"]:
-        raise SystemExit(f"{target}: sha256 {before} is neither the pristine "
-                         f"{patch['pristine_sha256']} nor the patched {patch['patched_sha256']}")
+        raise SystemExit(
+            f"{target}: sha256 {before} is neither the pristine "
+            f"{patch['pristine_sha256']} nor the patched {patch['patched_sha256']}"
+        )
     after = sha256_file(target)
     record["qwen3_5_patched_sha256"] = after
     record["qwen3_5_orig_sha256"] = sha256_file(Path(f"{target}.orig"))
-    if after != patch["patched_sha256"] or record["qwen3_5_orig_sha256"] != patch["pristine_sha256"]:
+    if (
+        after != patch["patched_sha256"]
+        or record["qwen3_5_orig_sha256"] != patch["pristine_sha256"]
+    ):
         raise SystemExit(f"patch result {after} / .orig {record['qwen3_5_orig_sha256']} unexpected")
     record["patch"] = patch
     log(f"qwen3_5.py {before[:12]}… -> {after[:12]}… (recorded pristine -> patched)")
 
     # 4. The tiny checkpoint (no visual.*, no mtp.*) and its tokenizer + chat template.
     shutil.rmtree(TINY, ignore_errors=True)
-    run([PY, "-c", "import sys; from servefleet_dev.testing.tiny_models import build_tiny_checkpoint; "
-         "from servefleet_dev.testing.tiny_tokenizer import write_tiny_tokenizer; "
-         "build_tiny_checkpoint(sys.argv[1], visual=False, mtp=False); write_tiny_tokenizer(sys.argv[1])",
-         TINY], env=site_env(REPO), cwd=REPO)
+    run(
+        [
+            PY,
+            "-c",
+            "import sys; from servefleet_dev.testing.tiny_models import build_tiny_checkpoint; "
+            "from servefleet_dev.testing.tiny_tokenizer import write_tiny_tokenizer; "
+            "build_tiny_checkpoint(sys.argv[1], visual=False, mtp=False); write_tiny_tokenizer(sys.argv[1])",
+            TINY,
+        ],
+        env=site_env(REPO),
+        cwd=REPO,
+    )
     record["tiny"] = {p.name: sha256_file(p) for p in sorted(TINY.iterdir())}
     fixture = json.loads(FIXTURES.read_text())
-    wanted = {r["config_sha256"] for r in fixture["recordings"] if r["vllm_version"] == VLLM_VERSION}
+    wanted = {
+        r["config_sha256"] for r in fixture["recordings"] if r["vllm_version"] == VLLM_VERSION
+    }
     record["config_matches_fixtures"] = record["tiny"]["config.json"] in wanted
     if not record["config_matches_fixtures"]:
-        raise SystemExit(f"config.json sha256 {record['tiny']['config.json']} is not the "
-                         f"fixtures' {sorted(wanted)}")
-    res = run([PY, "-c", "import sys, json; from transformers import AutoTokenizer; "
-               "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
-               "m = [{'role': 'user', 'content': 'Say hello in one word.'}]; "
-               "print(json.dumps({'len': len(t), 'eos': t.eos_token_id, 'chat': "
-               "t.apply_chat_template(m, tokenize=False, add_generation_prompt=True)}))", TINY],
-              env=site_env(SITE))
+        raise SystemExit(
+            f"config.json sha256 {record['tiny']['config.json']} is not the "
+            f"fixtures' {sorted(wanted)}"
+        )
+    res = run(
+        [
+            PY,
+            "-c",
+            "import sys, json; from transformers import AutoTokenizer; "
+            "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+            "m = [{'role': 'user', 'content': 'Say hello in one word.'}]; "
+            "print(json.dumps({'len': len(t), 'eos': t.eos_token_id, 'chat': "
+            "t.apply_chat_template(m, tokenize=False, add_generation_prompt=True)}))",
+            TINY,
+        ],
+        env=site_env(SITE),
+    )
     record["tokenizer"] = json.loads(res.stdout.strip().splitlines()[-1])
     if record["tokenizer"]["len"] != 512 or record["tokenizer"]["eos"] != 511:
         raise SystemExit(f"tokenizer: {record['tokenizer']}")
@@ -354,13 +420,21 @@ def cmd_patch_info(args) -> int:
     rec = vllm_patch.recorded_patch(VLLM_VERSION)
     if rec is None:
         raise SystemExit(f"no recorded patch for vLLM {VLLM_VERSION}")
-    print(json.dumps({"version": rec.version, "patch_file": str(rec.patch_file),
-                      "pristine_sha256": rec.pristine_sha256,
-                      "patched_sha256": rec.patched_sha256}))
+    print(
+        json.dumps(
+            {
+                "version": rec.version,
+                "patch_file": str(rec.patch_file),
+                "pristine_sha256": rec.pristine_sha256,
+                "patched_sha256": rec.patched_sha256,
+            }
+        )
+    )
     return 0
 
 
 # --- help ----------------------------------------------------------------------------------------
+
 
 def cmd_help(args) -> int:
     require_installed()
@@ -372,10 +446,13 @@ def cmd_help(args) -> int:
     log("$ COLUMNS=80 " + " ".join(cmd) + f" > {dest}")
     t0 = time.monotonic()
     with open(dest, "w") as handle:
-        res = subprocess.run(cmd, env=env, stdout=handle, stderr=subprocess.PIPE, text=True,
-                             timeout=300)
-    log(f"rc {res.returncode} in {time.monotonic() - t0:.0f} s, {dest.stat().st_size:,} B, "
-        f"{sum(1 for _ in open(dest))} lines; stderr tail:")
+        res = subprocess.run(
+            cmd, env=env, stdout=handle, stderr=subprocess.PIPE, text=True, timeout=300
+        )
+    log(
+        f"rc {res.returncode} in {time.monotonic() - t0:.0f} s, {dest.stat().st_size:,} B, "
+        f"{sum(1 for _ in open(dest))} lines; stderr tail:"
+    )
     for line in res.stderr.splitlines()[-8:]:
         print("    " + line)
     to_out(dest)
@@ -389,12 +466,13 @@ def require_installed() -> None:
 
 # --- render (in its own process: sfsite + this checkout on the path) -----------------------------
 
+
 def unit_env(entries: list[str]) -> dict:
     """servefleet.core.systemd.environment's quoted "NAME=value" back to NAME, value."""
     out = {}
     for entry in entries:
         text = entry[1:-1] if entry.startswith('"') and entry.endswith('"') else entry
-        text = re.sub(r'\\(.)', r'\1', text).replace("%%", "%")
+        text = re.sub(r"\\(.)", r"\1", text).replace("%%", "%")
         name, _, value = text.partition("=")
         out[name] = value
     return out
@@ -411,11 +489,24 @@ def cmd_render(args) -> int:
     data: dict = {}
     for group in GROUPS:
         data.update(load_group(group, REPO) or {})
-    merged = {k: data.get(k) for k in ("max_model_len", "kv_cache_memory_bytes", "service_port",
-                                       "served_model_name", "vllm_version", "health_timeout_s",
-                                       "health_settle_s", "kv_block_alignment")}
-    overrides = {"max_model_len": args.max_model_len, "kv_cache_memory_bytes": args.kv_bytes,
-                 "service_port": args.port}
+    merged = {
+        k: data.get(k)
+        for k in (
+            "max_model_len",
+            "kv_cache_memory_bytes",
+            "service_port",
+            "served_model_name",
+            "vllm_version",
+            "health_timeout_s",
+            "health_settle_s",
+            "kv_block_alignment",
+        )
+    }
+    overrides = {
+        "max_model_len": args.max_model_len,
+        "kv_cache_memory_bytes": args.kv_bytes,
+        "service_port": args.port,
+    }
     data.update(overrides)
     model = str(args.model)
     serve = logic.serve_args(data, model)
@@ -428,59 +519,105 @@ def cmd_render(args) -> int:
     python = data["python_interpreter"]["ubuntu"]
     lay = NodeLayout.of(data)
     health = health_ops.argv(
-        str(HEALTH), python, api_url(data), data["served_model_name"], logic.UNIT,
+        str(HEALTH),
+        python,
+        api_url(data),
+        data["served_model_name"],
+        logic.UNIT,
         key_file=lay.api_key_file if data.get("api_key_file") else None,
-        timeout_s=data["health_timeout_s"], settle_s=data["health_settle_s"],
-        expect_stopped=data["service_state"] != "running", kv_config=f"{model}/config.json",
-        kv_data={k: data[k] for k in ("max_model_len", "kv_cache_memory_bytes",
-                                      "kv_block_alignment")},
-        engine_version=data["vllm_version"])
+        timeout_s=data["health_timeout_s"],
+        settle_s=data["health_settle_s"],
+        expect_stopped=data["service_state"] != "running",
+        kv_config=f"{model}/config.json",
+        kv_data={
+            k: data[k] for k in ("max_model_len", "kv_cache_memory_bytes", "kv_block_alignment")
+        },
+        engine_version=data["vllm_version"],
+    )
     # servefleet.verbs.bench.bench_host's argv (runs/sizes: the probe's, smaller than the CLI's).
-    bench = [python, "-I", str(BENCH), "--url", api_url(data), "--runs", str(args.bench_runs),
-             "--prompt-tokens", str(args.bench_prompt_tokens), "--max-tokens",
-             str(args.bench_max_tokens)]
+    bench = [
+        python,
+        "-I",
+        str(BENCH),
+        "--url",
+        api_url(data),
+        "--runs",
+        str(args.bench_runs),
+        "--prompt-tokens",
+        str(args.bench_prompt_tokens),
+        "--max-tokens",
+        str(args.bench_max_tokens),
+    ]
     if data.get("served_model_name"):
         bench += ["--model", data["served_model_name"]]
 
     config = kvplan.load_config(f"{model}/config.json")
-    plan = kvplan.plan_kv(config, data["max_model_len"], data["kv_cache_memory_bytes"],
-                          block_alignment=data["kv_block_alignment"])
+    plan = kvplan.plan_kv(
+        config,
+        data["max_model_len"],
+        data["kv_cache_memory_bytes"],
+        block_alignment=data["kv_block_alignment"],
+    )
     expectation = logic.kv_expectation(config, data)
-    fixture = [r for r in json.loads(FIXTURES.read_text())["recordings"]
-               if r["vllm_version"] == data["vllm_version"]
-               and r["max_model_len"] == data["max_model_len"]
-               and r["kv_cache_memory_bytes"] == data["kv_cache_memory_bytes"]]
-    print(json.dumps({
-        "groups": list(GROUPS),
-        "merged_data": merged,
-        "overrides": overrides,
-        "model": model,
-        "url": api_url(data),
-        "served_model_name": data["served_model_name"],
-        "vllm_version": data["vllm_version"],
-        "vllm_patch": data["vllm_patch"],
-        "serve_args": serve,
-        "unit_exec_start": ctx["exec_start"],
-        "recipe_executable": logic.executable(data),
-        "unit_env": env,
-        "health_argv": health,
-        "bench_argv": bench,
-        "plan_kv": {**plan.as_dict(), "page_bytes": plan.page_bytes,
+    fixture = [
+        r
+        for r in json.loads(FIXTURES.read_text())["recordings"]
+        if r["vllm_version"] == data["vllm_version"]
+        and r["max_model_len"] == data["max_model_len"]
+        and r["kv_cache_memory_bytes"] == data["kv_cache_memory_bytes"]
+    ]
+    print(
+        json.dumps(
+            {
+                "groups": list(GROUPS),
+                "merged_data": merged,
+                "overrides": overrides,
+                "model": model,
+                "url": api_url(data),
+                "served_model_name": data["served_model_name"],
+                "vllm_version": data["vllm_version"],
+                "vllm_patch": data["vllm_patch"],
+                "serve_args": serve,
+                "unit_exec_start": ctx["exec_start"],
+                "recipe_executable": logic.executable(data),
+                "unit_env": env,
+                "health_argv": health,
+                "bench_argv": bench,
+                "plan_kv": {
+                    **plan.as_dict(),
+                    "page_bytes": plan.page_bytes,
                     "mamba_padding_bytes": plan.mamba_padding_bytes,
-                    "group_size": plan.group_size, "blocks_per_request": plan.blocks_per_request,
-                    "max_concurrency_2dp": f"{plan.max_concurrency:.2f}"},
-        "kv_expectation": expectation,
-        "kv_compared": logic.kv_compared(data["vllm_version"]),
-        "fixture_recording": fixture[0] if fixture else None,
-    }))
+                    "group_size": plan.group_size,
+                    "blocks_per_request": plan.blocks_per_request,
+                    "max_concurrency_2dp": f"{plan.max_concurrency:.2f}",
+                },
+                "kv_expectation": expectation,
+                "kv_compared": logic.kv_compared(data["vllm_version"]),
+                "fixture_recording": fixture[0] if fixture else None,
+            }
+        )
+    )
     return 0
 
 
 def render(args) -> dict:
-    cmd = [PY, str(Path(__file__).resolve()), "render", str(args.max_model_len),
-           str(args.kv_bytes), "--model", str(args.model), "--port", str(args.port),
-           "--bench-runs", str(args.bench_runs), "--bench-prompt-tokens",
-           str(args.bench_prompt_tokens), "--bench-max-tokens", str(args.bench_max_tokens)]
+    cmd = [
+        PY,
+        str(Path(__file__).resolve()),
+        "render",
+        str(args.max_model_len),
+        str(args.kv_bytes),
+        "--model",
+        str(args.model),
+        "--port",
+        str(args.port),
+        "--bench-runs",
+        str(args.bench_runs),
+        "--bench-prompt-tokens",
+        str(args.bench_prompt_tokens),
+        "--bench-max-tokens",
+        str(args.bench_max_tokens),
+    ]
     paths = [p for p in (SFSITE, REPO) if p.exists()]
     res = subprocess.run(cmd, env=site_env(*paths), capture_output=True, text=True, cwd=REPO)
     if res.returncode != 0:
@@ -490,6 +627,7 @@ def render(args) -> dict:
 
 
 # --- serve ---------------------------------------------------------------------------------------
+
 
 def stop_server() -> None:
     """End the process group this probe started (its recorded pgid) and nothing else."""
@@ -541,9 +679,12 @@ def wait_health(url: str, proc: subprocess.Popen, deadline_s: float) -> tuple[bo
 
 def gpu_memory() -> str | None:
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total",
-                               "--format=csv,noheader"], capture_output=True, text=True,
-                              timeout=30).stdout.strip()
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -567,8 +708,11 @@ def cmd_serve(args) -> int:
     engine_log.parent.mkdir(parents=True, exist_ok=True)
 
     # SF_PROBE_ENGINE: the CPU rehearsal only (the testbed's engine stand-in in vLLM's place).
-    engine = shlex.split(os.environ.get("SF_PROBE_ENGINE", "")) or \
-        [PY, "-m", "vllm.entrypoints.cli.main"]
+    engine = shlex.split(os.environ.get("SF_PROBE_ENGINE", "")) or [
+        PY,
+        "-m",
+        "vllm.entrypoints.cli.main",
+    ]
     argv = [*engine, *r["serve_args"], *PROBE_ONLY_ARGS]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     unit_env_used = {k: v for k, v in r["unit_env"].items() if k not in DROPPED_UNIT_ENV}
@@ -582,24 +726,39 @@ def cmd_serve(args) -> int:
         "run": f"{args.max_model_len} / {args.kv_bytes}",
         "rendered": r,
         "argv": argv,
-        "argv_note": ("the unit's executable (the venv's `vllm`; on testbed data the engine "
-                      "stand-in) is here python3 -m vllm.entrypoints.cli.main, the real wheel's "
-                      "console-script entry point; then servefleet.core.vllm.serve_args as "
-                      "rendered, then the probe-only arguments"),
+        "argv_note": (
+            "the unit's executable (the venv's `vllm`; on testbed data the engine "
+            "stand-in) is here python3 -m vllm.entrypoints.cli.main, the real wheel's "
+            "console-script entry point; then servefleet.core.vllm.serve_args as "
+            "rendered, then the probe-only arguments"
+        ),
         "engine_override": os.environ.get("SF_PROBE_ENGINE"),
-        "probe_only": {"env": PROBE_ONLY_ENV, "args": PROBE_ONLY_ARGS,
-                       "why": "no FlashInfer in the payload (shared/gpu-probe/README.md)"},
+        "probe_only": {
+            "env": PROBE_ONLY_ENV,
+            "args": PROBE_ONLY_ARGS,
+            "why": "no FlashInfer in the payload (shared/gpu-probe/README.md)",
+        },
         "env_from_unit": unit_env_used,
         "env_dropped": {k: r["unit_env"].get(k) for k in DROPPED_UNIT_ENV},
         "env_probe": {"PYTHONPATH": str(SITE)},
     }
-    log("SERVE: " + " ".join(f"{k}={v}" for k, v in {**PROBE_ONLY_ENV, **unit_env_used}.items())
-        + " " + " ".join(shlex.quote(a) for a in argv))
+    log(
+        "SERVE: "
+        + " ".join(f"{k}={v}" for k, v in {**PROBE_ONLY_ENV, **unit_env_used}.items())
+        + " "
+        + " ".join(shlex.quote(a) for a in argv)
+    )
     t0 = time.monotonic()
     with open(engine_log, "wb") as handle:
-        proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=unit_env_used.get("HOME"),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=unit_env_used.get("HOME"),
+            start_new_session=True,
+        )
     (STATE / "server.pgid").write_text(str(proc.pid))
     try:
         ok, waited, why = wait_health(r["url"], proc, args.deadline)
@@ -615,25 +774,44 @@ def cmd_serve(args) -> int:
             summary["health_argv_run"] = health
             log("$ " + " ".join(shlex.quote(a) for a in health))
             res = subprocess.run(health, capture_output=True, text=True, timeout=420)
-            summary["health"] = {"rc": res.returncode, "report": last_json(res.stdout),
-                                 "stderr": res.stderr[-2000:]}
+            summary["health"] = {
+                "rc": res.returncode,
+                "report": last_json(res.stdout),
+                "stderr": res.stderr[-2000:],
+            }
             log(f"health.py rc {res.returncode}: {res.stdout.strip()[-1500:]}")
             if res.stderr.strip():
                 print(res.stderr[-1500:])
             if args.bench_runs > 0:
                 log("$ " + " ".join(shlex.quote(a) for a in r["bench_argv"]))
                 try:
-                    res = subprocess.run(r["bench_argv"], capture_output=True, text=True,
-                                         timeout=args.bench_timeout)
+                    res = subprocess.run(
+                        r["bench_argv"], capture_output=True, text=True, timeout=args.bench_timeout
+                    )
                     bench = last_json(res.stdout)
-                    summary["bench"] = {"rc": res.returncode, "stderr": res.stderr[-1000:],
-                                        **({k: bench.get(k) for k in (
-                                            "median_ttft_s", "median_decode_tok_s",
-                                            "prompt_tokens", "max_tokens", "runs")}
-                                           if isinstance(bench, dict) else {})}
+                    summary["bench"] = {
+                        "rc": res.returncode,
+                        "stderr": res.stderr[-1000:],
+                        **(
+                            {
+                                k: bench.get(k)
+                                for k in (
+                                    "median_ttft_s",
+                                    "median_decode_tok_s",
+                                    "prompt_tokens",
+                                    "max_tokens",
+                                    "runs",
+                                )
+                            }
+                            if isinstance(bench, dict)
+                            else {}
+                        ),
+                    }
                 except subprocess.TimeoutExpired:
                     summary["bench"] = {"rc": None, "error": f"timeout {args.bench_timeout} s"}
-                log(f"bench: {json.dumps({k: v for k, v in summary['bench'].items() if k != 'runs'})}")
+                log(
+                    f"bench: {json.dumps({k: v for k, v in summary['bench'].items() if k != 'runs'})}"
+                )
     finally:
         stop_server()
         summary["seconds"] = round(time.monotonic() - t0, 1)
@@ -651,27 +829,45 @@ def cmd_serve(args) -> int:
     if m:
         seen["block_size"] = int(m[-1])
     summary["kv_seen"] = seen
-    summary["kv_lines"] = [line[:400] for line in text.splitlines()
-                           if KV_LINE.search(line) and not PROGRESS.search(line)][:80]
+    summary["kv_lines"] = [
+        line[:400]
+        for line in text.splitlines()
+        if KV_LINE.search(line) and not PROGRESS.search(line)
+    ][:80]
     plan = r["plan_kv"]
     fixture = r["fixture_recording"] or {}
     summary["kv_check"] = {
-        "plan_kv": {"tokens": plan["tokens"], "concurrency": plan["max_concurrency_2dp"],
-                    "block_size": plan["block_size"]},
+        "plan_kv": {
+            "tokens": plan["tokens"],
+            "concurrency": plan["max_concurrency_2dp"],
+            "block_size": plan["block_size"],
+        },
         "engine": seen,
-        "fixture": {"tokens": fixture.get("kv_cache_tokens"),
-                    "concurrency": (fixture.get("max_concurrency") or "").rstrip("x") or None},
-        "engine_equals_plan": (seen.get("tokens") == plan["tokens"]
-                               and seen.get("concurrency") == plan["max_concurrency_2dp"]),
-        "engine_equals_fixture": (seen.get("tokens") == fixture.get("kv_cache_tokens")
-                                  and f"{seen.get('concurrency')}x" == fixture.get("max_concurrency")),
+        "fixture": {
+            "tokens": fixture.get("kv_cache_tokens"),
+            "concurrency": (fixture.get("max_concurrency") or "").rstrip("x") or None,
+        },
+        "engine_equals_plan": (
+            seen.get("tokens") == plan["tokens"]
+            and seen.get("concurrency") == plan["max_concurrency_2dp"]
+        ),
+        "engine_equals_fixture": (
+            seen.get("tokens") == fixture.get("kv_cache_tokens")
+            and f"{seen.get('concurrency')}x" == fixture.get("max_concurrency")
+        ),
     }
     report = (summary.get("health") or {}).get("report") or {}
-    summary["ok"] = bool(summary["health_wait"]["ok"] and summary.get("health", {}).get("rc") == 0
-                         and report.get("problems") == [] and summary["kv_check"]["engine_equals_plan"])
+    summary["ok"] = bool(
+        summary["health_wait"]["ok"]
+        and summary.get("health", {}).get("rc") == 0
+        and report.get("problems") == []
+        and summary["kv_check"]["engine_equals_plan"]
+    )
     write_json(summary_file, summary)
-    log(f"kv: engine {seen} plan {summary['kv_check']['plan_kv']} fixture "
-        f"{summary['kv_check']['fixture']}; ok={summary['ok']}")
+    log(
+        f"kv: engine {seen} plan {summary['kv_check']['plan_kv']} fixture "
+        f"{summary['kv_check']['fixture']}; ok={summary['ok']}"
+    )
     for line in summary["kv_lines"][:40]:
         print("LOG| " + line)
     if not summary["health_wait"]["ok"]:
@@ -683,12 +879,17 @@ def cmd_serve(args) -> int:
 
 # --- collect / status ----------------------------------------------------------------------------
 
+
 def cmd_collect(args) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     dest = OUT / "sfprobe-results.tar.gz"
     with tarfile.open(dest, "w:gz") as tar:
-        extra = [STATE / "install.log", *sorted(Path(LLAMA_WORK, "results").glob("*")),
-                 Path(LLAMA_BUILD_LOG), Path(LLAMA_WORK, "build-info.json")]
+        extra = [
+            STATE / "install.log",
+            *sorted(Path(LLAMA_WORK, "results").glob("*")),
+            Path(LLAMA_BUILD_LOG),
+            Path(LLAMA_WORK, "build-info.json"),
+        ]
         for path in sorted(RESULTS.glob("*")) + extra:
             if path.is_file():
                 tar.add(path, arcname=f"sfprobe-results/{path.name}")
@@ -739,9 +940,16 @@ def main(argv=None) -> int:
     sub.add_parser("collect")
     sub.add_parser("status")
     args = p.parse_args(argv)
-    handler = {"stage": cmd_stage, "install": cmd_install, "patch-info": cmd_patch_info,
-               "help": cmd_help, "serve": cmd_serve, "render": cmd_render,
-               "collect": cmd_collect, "status": cmd_status}[args.cmd]
+    handler = {
+        "stage": cmd_stage,
+        "install": cmd_install,
+        "patch-info": cmd_patch_info,
+        "help": cmd_help,
+        "serve": cmd_serve,
+        "render": cmd_render,
+        "collect": cmd_collect,
+        "status": cmd_status,
+    }[args.cmd]
     return handler(args)
 
 

@@ -16,8 +16,9 @@ CLI = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(
 
 
 def test_invalid_data_stops_the_run_before_connecting(testbed, th):
-    run = pyinfra("inventory/testbed.py", "deploys/base.py", limit=HOSTS,
-                  data={"service_port": "abc"})
+    run = pyinfra(
+        "inventory/testbed.py", "deploys/base.py", limit=HOSTS, data={"service_port": "abc"}
+    )
     assert run.returncode == 2, run.output[-2000:]
     assert "invalid data for host" in run.output and "'service_port' = 'abc'" in run.output
     assert "Traceback" not in run.output and "Connecting" not in run.output
@@ -26,8 +27,9 @@ def test_invalid_data_stops_the_run_before_connecting(testbed, th):
 
 
 def test_unknown_key_names_the_closest_one(testbed):
-    run = pyinfra("inventory/testbed.py", "deploys/base.py", limit=HOSTS,
-                  data={"serivce_port": "8001"})
+    run = pyinfra(
+        "inventory/testbed.py", "deploys/base.py", limit=HOSTS, data={"serivce_port": "8001"}
+    )
     assert run.returncode == 2
     assert "unknown key 'serivce_port' in --data (did you mean service_port?)" in run.output
 
@@ -73,13 +75,19 @@ def test_base_converges_as_the_sudo_user_then_is_idempotent(testbed, th):
 
 def test_preflight_fails_only_the_host_concerned(testbed, fleet_file):
     # The same two testbed hosts as an operator's fleet; only rtx4090-1 is told to need a GPU.
-    fleet = fleet_file({"spark-1": ("rtx4090", {"require_gpu": False}),
-                        "rtx4090-1": ("rtx4090", {"require_gpu": True})})
+    fleet = fleet_file(
+        {
+            "spark-1": ("rtx4090", {"require_gpu": False}),
+            "rtx4090-1": ("rtx4090", {"require_gpu": True}),
+        }
+    )
     run = pyinfra("inventory/rtx4090.py", "deploys/base.py", env={"SERVEFLEET_FLEET": str(fleet)})
     assert run.returncode != 0
     assert "preflight failed on rtx4090-1: no NVIDIA GPU found" in run.output
     assert "preflight failed on spark-1" not in run.output
-    assert not any(l.strip().startswith("[spark-1]") and "Error" in l for l in run.output.splitlines())
+    assert not any(
+        l.strip().startswith("[spark-1]") and "Error" in l for l in run.output.splitlines()
+    )
 
 
 def test_a_recipe_on_a_host_of_another_role_is_a_visible_noop(testbed):
@@ -93,28 +101,51 @@ def test_a_noop_check_of_the_base_is_one_command_per_node(testbed):
     assert pyinfra("inventory/testbed.py", "deploys/base.py", limit=HOSTS).returncode == 0
     for host in HOSTS.split(","):
         # Everything the base reads comes from one batched read (servefleet.facts.batch).
-        assert reads_of_a_noop("inventory/testbed.py", "deploys/base.py", host) == \
-            {"dry": 1, "drift": 1}
+        assert reads_of_a_noop("inventory/testbed.py", "deploys/base.py", host) == {
+            "dry": 1,
+            "drift": 1,
+        }
 
 
 # A change made behind servefleet's back, the base step that must see it, and how to check the
 # repair. Each is read from the one batched fact read (servefleet.facts.batch).
 BEHIND_THE_BACK = {
-    "package removed": ("dpkg --remove rsync", "Install OS packages (os_packages)",
-                        "dpkg-query -W -f='${db:Status-Abbrev}' rsync", "ii"),
-    "shell changed": ("usermod --shell /bin/bash servefleet", "System user servefleet",
-                      "getent passwd servefleet | cut -d: -f7", "/usr/sbin/nologin"),
-    "mode widened": ("chmod 777 /opt/servefleet/etc", "Directory /opt/servefleet/etc",
-                     "stat -c %a /opt/servefleet/etc", "755"),
-    "owner changed": ("chown servefleet /opt/servefleet/bin", "Directory /opt/servefleet/bin",
-                      "stat -c %U:%G /opt/servefleet/bin", "root:root"),
-    "venv broken": ("rm /opt/servefleet/tools/venv/pyvenv.cfg",
-                    "Tools venv /opt/servefleet/tools/venv",
-                    "test -f /opt/servefleet/tools/venv/pyvenv.cfg && echo present", "present"),
-    "tool removed": ("rm -r /opt/servefleet/tools/venv/lib/python3.11/site-packages/"
-                     "uv-0.13.9.dist-info", "Tools: uv 0.13.9",
-                     "ls -d /opt/servefleet/tools/venv/lib/python3.11/site-packages/uv-*.dist-info"
-                     " | wc -l", "1"),
+    "package removed": (
+        "dpkg --remove rsync",
+        "Install OS packages (os_packages)",
+        "dpkg-query -W -f='${db:Status-Abbrev}' rsync",
+        "ii",
+    ),
+    "shell changed": (
+        "usermod --shell /bin/bash servefleet",
+        "System user servefleet",
+        "getent passwd servefleet | cut -d: -f7",
+        "/usr/sbin/nologin",
+    ),
+    "mode widened": (
+        "chmod 777 /opt/servefleet/etc",
+        "Directory /opt/servefleet/etc",
+        "stat -c %a /opt/servefleet/etc",
+        "755",
+    ),
+    "owner changed": (
+        "chown servefleet /opt/servefleet/bin",
+        "Directory /opt/servefleet/bin",
+        "stat -c %U:%G /opt/servefleet/bin",
+        "root:root",
+    ),
+    "venv broken": (
+        "rm /opt/servefleet/tools/venv/pyvenv.cfg",
+        "Tools venv /opt/servefleet/tools/venv",
+        "test -f /opt/servefleet/tools/venv/pyvenv.cfg && echo present",
+        "present",
+    ),
+    "tool removed": (
+        "rm -r /opt/servefleet/tools/venv/lib/python3.11/site-packages/uv-0.13.9.dist-info",
+        "Tools: uv 0.13.9",
+        "ls -d /opt/servefleet/tools/venv/lib/python3.11/site-packages/uv-*.dist-info | wc -l",
+        "1",
+    ),
 }
 
 
@@ -125,13 +156,21 @@ def test_a_change_behind_the_back_is_seen_by_dry_and_drift_then_repaired(testbed
     assert pyinfra("inventory/testbed.py", "deploys/base.py", limit=host).returncode == 0
     assert h.run(change).rc == 0
     dry = pyinfra("inventory/testbed.py", "deploys/base.py", "--dry", limit=host, yes=False)
-    assert dry.returncode == 0 and re.search(re.escape(step) + r"\s+1\s", dry.output), \
-        dry.output[-3000:]
-    drift = subprocess.run([*CLI, "drift", "inventory/testbed.py", "deploys/base.py", "--limit",
-                            host, "--json"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert dry.returncode == 0 and re.search(re.escape(step) + r"\s+1\s", dry.output), dry.output[
+        -3000:
+    ]
+    drift = subprocess.run(
+        [*CLI, "drift", "inventory/testbed.py", "deploys/base.py", "--limit", host, "--json"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert drift.returncode == 1, drift.stdout[-3000:] + drift.stderr[-2000:]
-    drifted = [i["name"] for i in json.loads(drift.stdout)["hosts"][host]["items"]
-               if i["state"] == "drifted"]
+    drifted = [
+        i["name"]
+        for i in json.loads(drift.stdout)["hosts"][host]["items"]
+        if i["state"] == "drifted"
+    ]
     assert [n for n in drifted if n.endswith(step)] and len(drifted) == 1, drifted
     fixed = pyinfra("inventory/testbed.py", "deploys/base.py", limit=host)
     assert fixed.returncode == 0 and fixed.changed >= 1, fixed.output[-3000:]

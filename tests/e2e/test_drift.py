@@ -16,8 +16,13 @@ pytestmark = pytest.mark.e2e
 
 
 def drift(*args, env=None):
-    proc = subprocess.run([sys.executable, "-m", "servefleet.cli", "drift", *args, "--json"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "servefleet.cli", "drift", *args, "--json"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else proc.stderr
 
 
@@ -46,8 +51,14 @@ def test_drift_gates_on_real_changes_through_sudo(testbed, th):
 
 
 def test_data_change_is_drift(testbed):
-    rc, report = drift("inventory/testbed.py", "deploys/base.py", "--limit", "depot-1",
-                       "--data", "servefleet_user=svc2")
+    rc, report = drift(
+        "inventory/testbed.py",
+        "deploys/base.py",
+        "--limit",
+        "depot-1",
+        "--data",
+        "servefleet_user=svc2",
+    )
     assert rc == 1
     names = " ".join(i["name"] for i in drifted(report, "depot-1"))
     assert "System user svc2" in names
@@ -57,11 +68,13 @@ def test_unreachable_host_is_exit_3_and_wins(testbed, fleet_file):
     path = fleet_file({"depot-1": ("depot", {})})
     fleet = yaml.safe_load(open(path))
     # An address on the testbed's own bridge where no host lives.
-    fleet["hosts"].append({**fleet["hosts"][0], "name": "depot-gone",
-                           "ssh_hostname": net.host_address(240)})
+    fleet["hosts"].append(
+        {**fleet["hosts"][0], "name": "depot-gone", "ssh_hostname": net.host_address(240)}
+    )
     open(path, "w").write(yaml.safe_dump(fleet))
-    rc, report = drift("inventory/depot.py", "deploys/base.py",
-                       env={**os.environ, "SERVEFLEET_FLEET": path})
+    rc, report = drift(
+        "inventory/depot.py", "deploys/base.py", env={**os.environ, "SERVEFLEET_FLEET": path}
+    )
     assert rc == 3
     assert report["hosts"]["depot-gone"]["status"] == "unchecked"
     assert report["hosts"]["depot-gone"]["error"]  # pyinfra's reason, e.g. a timeout

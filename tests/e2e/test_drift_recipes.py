@@ -35,9 +35,11 @@ MODELS = f"{ROOT}/models/Qwen--Qwen-AgentWorld-35B-A3B"
 SHARD = "model.safetensors-00002-of-00002.safetensors"
 VLLM_UNIT = "/etc/systemd/system/servefleet-vllm.service"
 PATCH = recorded_patch("0.24.0")
-UV = (f"UV_CACHE_DIR=/var/cache/servefleet/uv UV_LINK_MODE=copy UV_NO_PROGRESS=1 "
-      f"{ROOT}/tools/venv/bin/uv pip install --quiet --python {VENV}/bin/python --no-deps "
-      f"--no-index --find-links /var/cache/servefleet/wheels")
+UV = (
+    f"UV_CACHE_DIR=/var/cache/servefleet/uv UV_LINK_MODE=copy UV_NO_PROGRESS=1 "
+    f"{ROOT}/tools/venv/bin/uv pip install --quiet --python {VENV}/bin/python --no-deps "
+    f"--no-index --find-links /var/cache/servefleet/wheels"
+)
 DATA = material.RTX4090
 
 
@@ -55,8 +57,10 @@ def drift(deploy: str, host: str, **data):
         args += ["--data", f"{key}={value}"]
     start = time.monotonic()
     proc = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True)
-    print(f"[drift] {deploy} {host} {data or ''}: exit {proc.returncode}, "
-          f"{time.monotonic() - start:.1f} s")
+    print(
+        f"[drift] {deploy} {host} {data or ''}: exit {proc.returncode}, "
+        f"{time.monotonic() - start:.1f} s"
+    )
     assert proc.stdout.strip(), proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     return proc.returncode, report
@@ -73,8 +77,10 @@ def drifted(report, host) -> dict[str, dict]:
 def converge(deploy: str, host: str, **data):
     start = time.monotonic()
     run = pyinfra(INVENTORY, deploy, limit=host, data=data, timeout=40 * 60)
-    print(f"[converge] {deploy} {host} {data or ''}: rc {run.returncode}, {run.changed} changed, "
-          f"{time.monotonic() - start:.0f} s")
+    print(
+        f"[converge] {deploy} {host} {data or ''}: rc {run.returncode}, {run.changed} changed, "
+        f"{time.monotonic() - start:.0f} s"
+    )
     return run
 
 
@@ -195,8 +201,10 @@ def test_upgraded_vllm_in_the_venv(recipes, th):
         version = items[f"vllm version in {VENV}"]
         assert (version["expected"], version["found"]) == ("0.24.0", "0.26.0")
         # vLLM 0.26.0's own qwen3_5.py replaced the patched 0.24.0 one (named by its hash).
-        assert items["qwen3_5.py (vLLM patch)"]["found"] == \
-            f"{recorded_patch('0.26.0').pristine_sha256} (vLLM 0.26.0's own file)"
+        assert (
+            items["qwen3_5.py (vLLM patch)"]["found"]
+            == f"{recorded_patch('0.26.0').pristine_sha256} (vLLM 0.26.0's own file)"
+        )
         assert f"torch version in {VENV}" not in items
         repaired(BF16, SPARK)
     finally:
@@ -221,8 +229,11 @@ def test_stopped_service(recipes, th):
     rc, report = drift(Q4, LLAMA)
     assert rc == 1
     (item,) = drifted(report, LLAMA).values()
-    assert (item["name"], item["expected"], item["found"]) == \
-        ("servefleet-llama.service active", "running", "stopped")
+    assert (item["name"], item["expected"], item["found"]) == (
+        "servefleet-llama.service active",
+        "running",
+        "stopped",
+    )
     repaired(Q4, LLAMA)
     assert th(LLAMA).service("servefleet-llama.service").is_running
 
@@ -239,24 +250,33 @@ def test_changed_build_flag_in_data(recipes, th):
     assert rc == 1
     items = drifted(report, LLAMA)
     # The unit names its build's prefix: it differs too.
-    assert set(items) == {"llama.cpp current build", "llama.cpp CMake flags",
-                          "unit /etc/systemd/system/servefleet-llama.service"}
-    assert (items["llama.cpp current build"]["expected"],
-            items["llama.cpp current build"]["found"]) == (new, old)
-    assert (items["llama.cpp CMake flags"]["expected"],
-            items["llama.cpp CMake flags"]["found"]) == \
-        ("LLAMA_TOOLS_INSTALL=OFF", "LLAMA_TOOLS_INSTALL unset")
+    assert set(items) == {
+        "llama.cpp current build",
+        "llama.cpp CMake flags",
+        "unit /etc/systemd/system/servefleet-llama.service",
+    }
+    assert (
+        items["llama.cpp current build"]["expected"],
+        items["llama.cpp current build"]["found"],
+    ) == (new, old)
+    assert (
+        items["llama.cpp CMake flags"]["expected"],
+        items["llama.cpp CMake flags"]["found"],
+    ) == ("LLAMA_TOOLS_INSTALL=OFF", "LLAMA_TOOLS_INSTALL unset")
 
     # Converged with the new flag, the same data is in sync; the shipped data now drifts back.
     repaired(Q4, LLAMA, **changed)
     rc, report = drift(Q4, LLAMA)
     assert rc == 1
     items = drifted(report, LLAMA)
-    assert (items["llama.cpp current build"]["expected"],
-            items["llama.cpp current build"]["found"]) == (old, new)
-    assert (items["llama.cpp CMake flags"]["expected"],
-            items["llama.cpp CMake flags"]["found"]) == \
-        ("LLAMA_TOOLS_INSTALL unset", "LLAMA_TOOLS_INSTALL=OFF")
+    assert (
+        items["llama.cpp current build"]["expected"],
+        items["llama.cpp current build"]["found"],
+    ) == (old, new)
+    assert (
+        items["llama.cpp CMake flags"]["expected"],
+        items["llama.cpp CMake flags"]["found"],
+    ) == ("LLAMA_TOOLS_INSTALL unset", "LLAMA_TOOLS_INSTALL=OFF")
     assert "llama.cpp commit" not in items  # the same pinned commit
     repaired(Q4, LLAMA)  # back to the shipped flags: the old build is kept, `current` moves
     assert th(LLAMA).file(f"{ROOT}/llama.cpp/current").linked_to == f"{ROOT}/llama.cpp/{old}"

@@ -39,11 +39,14 @@ def llama_env(testbed):
 
 def converge(env: dict, **data):
     start = time.monotonic()
-    run = pyinfra("inventory/testbed.py", DEPLOY, limit=HOST, data={**env, **data},
-                  timeout=BUILD_TIMEOUT)
+    run = pyinfra(
+        "inventory/testbed.py", DEPLOY, limit=HOST, data={**env, **data}, timeout=BUILD_TIMEOUT
+    )
     run.seconds = time.monotonic() - start
-    print(f"[llamacpp] converge {data or ''}: rc {run.returncode}, {run.changed} changed, "
-          f"{run.seconds:.0f} s")
+    print(
+        f"[llamacpp] converge {data or ''}: rc {run.returncode}, {run.changed} changed, "
+        f"{run.seconds:.0f} s"
+    )
     return run
 
 
@@ -52,9 +55,9 @@ def op_results(output: str) -> dict[str, str]:
     results, current = {}, None
     for line in output.splitlines():
         if line.startswith("--> Starting operation: "):
-            current = line[len("--> Starting operation: "):].strip().split(" | ")[-1]
+            current = line[len("--> Starting operation: ") :].strip().split(" | ")[-1]
         elif current and line.strip().startswith(f"[{HOST}] "):
-            results[current] = line.strip()[len(HOST) + 3:]
+            results[current] = line.strip()[len(HOST) + 3 :]
             current = None
     return results
 
@@ -63,14 +66,18 @@ def curl(h, path: str, body: dict | None = None):
     port = DATA["service_port"]
     if body is None:
         return h.run(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}{path}")
-    return h.run(f"curl -s -H 'Content-Type: application/json' -d '{json.dumps(body)}' "
-                 f"http://127.0.0.1:{port}{path}")
+    return h.run(
+        f"curl -s -H 'Content-Type: application/json' -d '{json.dumps(body)}' "
+        f"http://127.0.0.1:{port}{path}"
+    )
 
 
 def test_first_converge_builds_at_the_pin_and_serves_with_the_lint_fix(llama_env, th):
     # From no llama.cpp at all, also on a kept testbed (SERVEFLEET_KEEP_TESTBED) that had it.
-    th(HOST).run("systemctl disable --now servefleet-llama.service; "
-                 f"rm -rf /etc/systemd/system/servefleet-llama.service {LLAMA}; systemctl daemon-reload")
+    th(HOST).run(
+        "systemctl disable --now servefleet-llama.service; "
+        f"rm -rf /etc/systemd/system/servefleet-llama.service {LLAMA}; systemctl daemon-reload"
+    )
     run = converge(llama_env)
     assert run.returncode == 0, run.output[-5000:]
     assert run.errors == 0
@@ -87,8 +94,9 @@ def test_first_converge_builds_at_the_pin_and_serves_with_the_lint_fix(llama_env
     assert record["commit"] == DATA["llamacpp_commit"] and record["tag"] == DATA["llamacpp_tag"]
     assert record["cmake_flags"] == DATA["llamacpp_cmake_flags"]
     version = h.run(f"{LLAMA}/current/bin/llama-server --version")
-    assert record["version"].startswith("version:") and record["version"] in \
-        " ".join((version.stdout + version.stderr).split())
+    assert record["version"].startswith("version:") and record["version"] in " ".join(
+        (version.stdout + version.stderr).split()
+    )
     print(f"[llamacpp] built {name} in {record['build_seconds']} s: {record['version']}")
 
     unit = h.file("/etc/systemd/system/servefleet-llama.service").content_string
@@ -101,9 +109,17 @@ def test_first_converge_builds_at_the_pin_and_serves_with_the_lint_fix(llama_env
     assert h.process.get(comm="llama-server").user == "servefleet"
     assert f"--override-kv {DEFECT_FLAG}" in h.process.get(comm="llama-server").args
     assert curl(h, "/health").stdout == "200"
-    reply = json.loads(curl(h, "/v1/chat/completions", {
-        "model": DATA["served_model_name"], "max_tokens": 4,
-        "messages": [{"role": "user", "content": "hello"}]}).stdout)
+    reply = json.loads(
+        curl(
+            h,
+            "/v1/chat/completions",
+            {
+                "model": DATA["served_model_name"],
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hello"}],
+            },
+        ).stdout
+    )
     assert reply["choices"][0]["message"]["role"] == "assistant"
     assert h.run("journalctl -u servefleet-llama -o cat | grep 'servefleet preflight: ok'").rc == 0
 
@@ -116,8 +132,10 @@ def test_second_converge_changes_nothing_and_builds_nothing(llama_env, th):
     assert th(HOST).process.get(comm="llama-server").pid == pid  # not restarted
     # A no-op check reads the node in 1 command (issue #19: at most 12): the recipe's planned
     # read; drift no more.
-    assert reads_of_a_noop("inventory/testbed.py", DEPLOY, HOST, llama_env) == \
-        {"dry": 1, "drift": 1}
+    assert reads_of_a_noop("inventory/testbed.py", DEPLOY, HOST, llama_env) == {
+        "dry": 1,
+        "drift": 1,
+    }
 
 
 def test_a_sandbox_that_stops_the_engine_is_refused_before_the_restart(llama_env, th):
@@ -127,13 +145,16 @@ def test_a_sandbox_that_stops_the_engine_is_refused_before_the_restart(llama_env
     h = th(HOST)
     unit_path = "/etc/systemd/system/servefleet-llama.service"
     before, pid = h.file(unit_path).content_string, h.process.get(comm="llama-server").pid
-    run = converge(llama_env, service_syscall_filter=json.dumps(["@system-service",
-                                                                 "~@file-system"]))
+    run = converge(
+        llama_env, service_syscall_filter=json.dumps(["@system-service", "~@file-system"])
+    )
     assert run.returncode != 0
     lines = [line for line in run.output.splitlines() if "the sandbox probe" in line]
     assert lines, run.output[-3000:]
-    assert "so the service was not restarted: code=killed/status=SYS (a system call outside " \
-           "SystemCallFilter=)" in lines[0]
+    assert (
+        "so the service was not restarted: code=killed/status=SYS (a system call outside "
+        "SystemCallFilter=)" in lines[0]
+    )
     assert h.file(unit_path).content_string == before  # the unit was not replaced
     assert "~" not in before
     assert h.process.get(comm="llama-server").pid == pid  # and the server not restarted
@@ -155,8 +176,9 @@ def test_without_the_override_the_gguf_fails_to_load(llama_env, th):
     unit = h.file("/etc/systemd/system/servefleet-llama.service").content_string
     assert "--override-kv" not in unit
     journal = h.run("journalctl -u servefleet-llama -o cat --no-pager").stdout
-    assert "llama_model_load: error loading model: missing tensor 'blk.40.attn_norm.weight'" \
-        in journal
+    assert (
+        "llama_model_load: error loading model: missing tensor 'blk.40.attn_norm.weight'" in journal
+    )
 
     # ExecStartPre refuses to start when memory is short, with the numbers in the journal.
     short = converge(llama_env, llamacpp_ram_reserve_bytes=1024**5)
@@ -191,8 +213,10 @@ def test_a_flag_change_builds_a_new_prefix_and_switches_current(llama_env, th):
     back = converge(llama_env)
     assert back.returncode == 0, back.output[-3000:]
     ops = op_results(back.output)
-    assert ops[f"Build llama-server {DATA['llamacpp_tag']} ({DATA['llamacpp_commit'][:10]}) -> {old}"] \
+    assert (
+        ops[f"Build llama-server {DATA['llamacpp_tag']} ({DATA['llamacpp_commit'][:10]}) -> {old}"]
         == "No changes"
+    )
     assert ops[f"llama.cpp current -> {old}"] == "Success"
     assert h.file(f"{LLAMA}/current").linked_to == f"{LLAMA}/{old}"
     assert curl(h, "/health").stdout == "200"
@@ -213,11 +237,16 @@ def test_api_key_reaches_the_server_as_a_systemd_credential(llama_env, th, tmp_p
     assert "--api-key-file %d/api-key" in unit and "sk-servefleet" not in unit
     pid = h.process.get(comm="llama-server").pid
     assert "sk-servefleet" not in h.file(f"/proc/{pid}/cmdline").content_string
-    body = {"model": DATA["served_model_name"], "max_tokens": 2,
-            "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": DATA["served_model_name"],
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     port = DATA["service_port"]
-    denied = h.run(f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' "
-                   f"-d '{json.dumps(body)}' http://127.0.0.1:{port}/v1/chat/completions")
+    denied = h.run(
+        f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' "
+        f"-d '{json.dumps(body)}' http://127.0.0.1:{port}/v1/chat/completions"
+    )
     assert denied.stdout == "401"
 
     back = converge(llama_env)  # no key in data: the file goes, the service restarts without it

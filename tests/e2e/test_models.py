@@ -62,13 +62,23 @@ def hub_url(testbed):
 
 
 def model_data(repo, revision, **extra):
-    return {"model_repo": repo, "model_revision": revision, "model_include": json.dumps(INCLUDE),
-            **extra}
+    return {
+        "model_repo": repo,
+        "model_revision": revision,
+        "model_include": json.dumps(INCLUDE),
+        **extra,
+    }
 
 
 def deploy_model(repo, revision, limit=NODE, env=None, **extra) -> Run:
-    return pyinfra("inventory/testbed.py", "deploys/model.py", limit=limit,
-                   data=model_data(repo, revision, **extra), env=env, timeout=600)
+    return pyinfra(
+        "inventory/testbed.py",
+        "deploys/model.py",
+        limit=limit,
+        data=model_data(repo, revision, **extra),
+        env=env,
+        timeout=600,
+    )
 
 
 def record(th, name, dest):
@@ -92,10 +102,12 @@ def fresh(th, name, *paths):
 
 
 def test_bad_model_data_stops_the_run_before_any_change(testbed, th):
-    for data, named in (({"model_repo": REPO, "model_include": "[]"}, "'model_include' = []"),
-                        ({"model_repo": "org/.."}, "'model_repo' = 'org/..'"),
-                        ({"model_repo": REPO, "models_root": "/etc"}, "'models_root' = '/etc'"),
-                        ({}, "'model_repo' is missing; deploys/model.py needs")):
+    for data, named in (
+        ({"model_repo": REPO, "model_include": "[]"}, "'model_include' = []"),
+        ({"model_repo": "org/.."}, "'model_repo' = 'org/..'"),
+        ({"model_repo": REPO, "models_root": "/etc"}, "'models_root' = '/etc'"),
+        ({}, "'model_repo' is missing; deploys/model.py needs"),
+    ):
         run = pyinfra("inventory/testbed.py", "deploys/model.py", limit=NODE, data=data)
         assert run.returncode == 2, run.output[-2000:]
         assert "invalid data for host" in run.output and named in run.output
@@ -166,8 +178,13 @@ def test_model_run_changed_is_true_only_when_files_were_fetched(testbed, th, tin
     deploy = tmp_path / "changed_deploy.py"
     deploy.write_text(CHANGED_DEPLOY)
     for _ in range(2):
-        run = pyinfra("inventory/testbed.py", str(deploy), limit=NODE,
-                      data=model_data(repo, tiny["sha"]), timeout=600)
+        run = pyinfra(
+            "inventory/testbed.py",
+            str(deploy),
+            limit=NODE,
+            data=model_data(repo, tiny["sha"]),
+            timeout=600,
+        )
         assert run.returncode == 0, run.output[-3000:]
     assert th(NODE).file(f"{dest}.marker").content_string == "changed\n"
     assert run.changed == 0
@@ -178,8 +195,14 @@ def _pyinfra_popen(repo, revision, limit=NODE, **extra) -> subprocess.Popen:
     for key, value in model_data(repo, revision, **extra).items():
         cmd += ["--data", f"{key}={value}"]
     cmd += ["inventory/testbed.py", "deploys/model.py"]
-    return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "NO_COLOR": "1"})
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
 
 
 def test_killed_download_keeps_completed_files_and_recovers(testbed, th, tiny, hub_url):
@@ -195,8 +218,9 @@ def test_killed_download_keeps_completed_files_and_recovers(testbed, th, tiny, h
             assert time.monotonic() < deadline, "the download never started"
             time.sleep(0.5)
         # Kill the client mid-file, as a crash or a reboot would.
-        killed = th(NODE).run("pids=$(pgrep -f '[v]env/bin/hf download'); "
-                              "[ -n \"$pids\" ] && kill -KILL $pids")
+        killed = th(NODE).run(
+            "pids=$(pgrep -f '[v]env/bin/hf download'); [ -n \"$pids\" ] && kill -KILL $pids"
+        )
         assert killed.rc == 0, killed.stderr
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -209,7 +233,10 @@ def test_killed_download_keeps_completed_files_and_recovers(testbed, th, tiny, h
     node = th(NODE)
     assert node.file(f"{dest}/{SHARD1}").size == tiny["sizes"][SHARD1]  # completed: kept
     assert not node.file(f"{dest}/{SHARD2}").exists
-    assert node.run(f"ls {dest}/.cache/huggingface/download/ | grep -c incomplete").stdout.strip() != "0"
+    assert (
+        node.run(f"ls {dest}/.cache/huggingface/download/ | grep -c incomplete").stdout.strip()
+        != "0"
+    )
     assert record(th, NODE, dest) is None  # not ready
 
     hub.hub_stats(hub_url, reset=True)
@@ -269,16 +296,27 @@ def test_token_is_used_written_0600_and_never_printed(testbed, th, tiny):
     repo, dest = own_repo(tiny, "token")
     fresh(th, NODE, dest)
     with hub.running_hub(hub_root(), host=net.HOST_ADDR, token=token) as url:
-        denied = pyinfra("inventory/testbed.py", "deploys/model.py", limit=NODE,
-                         data=model_data(repo, "main", hf_endpoint=url), env={"HF_TOKEN": ""},
-                         timeout=600)
+        denied = pyinfra(
+            "inventory/testbed.py",
+            "deploys/model.py",
+            limit=NODE,
+            data=model_data(repo, "main", hf_endpoint=url),
+            env={"HF_TOKEN": ""},
+            timeout=600,
+        )
         assert denied.returncode != 0
         assert "no token was given" in denied.output
 
         for verbosity in (("-vvv",), ()):  # -vvv: every command and its output
-            run = pyinfra("inventory/testbed.py", "deploys/model.py", *verbosity, limit=NODE,
-                          data=model_data(repo, "main", hf_endpoint=url), env={"HF_TOKEN": token},
-                          timeout=600)
+            run = pyinfra(
+                "inventory/testbed.py",
+                "deploys/model.py",
+                *verbosity,
+                limit=NODE,
+                data=model_data(repo, "main", hf_endpoint=url),
+                env={"HF_TOKEN": token},
+                timeout=600,
+            )
             assert run.returncode == 0, run.output[-3000:]
             assert token not in run.output
     node = th(NODE)
@@ -299,8 +337,13 @@ def test_depot_fanout_fetches_upstream_once(testbed, th, tiny, hub_url):
         fresh(th, name, dest)
     models = json.dumps([{"repo_id": REPO, "revision": "main", "include": INCLUDE}])
     hub.hub_stats(hub_url, reset=True)
-    run_depot = pyinfra("inventory/testbed.py", "deploys/depot.py", limit="depot-1",
-                        data={"depot_models": models}, timeout=600)
+    run_depot = pyinfra(
+        "inventory/testbed.py",
+        "deploys/depot.py",
+        limit="depot-1",
+        data={"depot_models": models},
+        timeout=600,
+    )
     assert run_depot.returncode == 0, run_depot.output[-3000:]
     store = f"/opt/servefleet/depot/{REPO.replace('/', '--')}"
     depot_rec = record(th, "depot-1", f"{store}/{tiny['sha']}")
@@ -321,22 +364,31 @@ def test_depot_fanout_fetches_upstream_once(testbed, th, tiny, hub_url):
         assert key.mode == 0o400 and key.user == "servefleet"
 
     # Reruns change nothing anywhere.
-    again_depot = pyinfra("inventory/testbed.py", "deploys/depot.py", limit="depot-1",
-                          data={"depot_models": models}, timeout=600)
+    again_depot = pyinfra(
+        "inventory/testbed.py",
+        "deploys/depot.py",
+        limit="depot-1",
+        data={"depot_models": models},
+        timeout=600,
+    )
     assert again_depot.returncode == 0 and again_depot.changed == 0, again_depot.output[-3000:]
     again_nodes = deploy_model(REPO, "main", limit=",".join(nodes), **node_data)
     assert again_nodes.returncode == 0 and again_nodes.changed == 0, again_nodes.output[-3000:]
 
     # The fleet key reads the store and does nothing else.
     depot = load_state().hosts["depot-1"]
-    ssh = (f"ssh -p {depot.ssh_port} -i /opt/servefleet/etc/depot-key -o UserKnownHostsFile="
-           "/opt/servefleet/etc/depot-known-hosts -o StrictHostKeyChecking=yes -o BatchMode=yes")
+    ssh = (
+        f"ssh -p {depot.ssh_port} -i /opt/servefleet/etc/depot-key -o UserKnownHostsFile="
+        "/opt/servefleet/etc/depot-known-hosts -o StrictHostKeyChecking=yes -o BatchMode=yes"
+    )
     as_user = "runuser -u servefleet -- "
     node = th(nodes[0])
     repo_dir = REPO.replace("/", "--")
     listing = node.run(f"{as_user} rsync -e '{ssh}' sfdepot@{depot.address}:{repo_dir}/")
     assert listing.rc == 0 and tiny["sha"] in listing.stdout
-    write = node.run(f"{as_user} rsync -e '{ssh}' /etc/hostname sfdepot@{depot.address}:{repo_dir}/x")
+    write = node.run(
+        f"{as_user} rsync -e '{ssh}' /etc/hostname sfdepot@{depot.address}:{repo_dir}/x"
+    )
     assert write.rc != 0
     shell = node.run(f"{as_user} {ssh} sfdepot@{depot.address} id")
     assert shell.rc != 0 and "uid=" not in shell.stdout
@@ -353,23 +405,35 @@ def test_interrupted_depot_copy_resumes(testbed, th, tiny, hub_url):
     repo, dest = own_repo(tiny, "depot-resume")
     fresh(th, node, dest)
     models = json.dumps([{"repo_id": repo, "revision": "main", "include": INCLUDE}])
-    run_depot = pyinfra("inventory/testbed.py", "deploys/depot.py", limit="depot-1",
-                        data={"depot_models": models}, timeout=600)
+    run_depot = pyinfra(
+        "inventory/testbed.py",
+        "deploys/depot.py",
+        limit="depot-1",
+        data={"depot_models": models},
+        timeout=600,
+    )
     assert run_depot.returncode == 0, run_depot.output[-3000:]
 
     # ~250 KiB/s: each shard takes ~16 s; cut the SSH transport mid-file, like a network drop.
-    proc = _pyinfra_popen(repo, tiny["sha"], limit=node, model_source="depot",
-                          depot_host="depot-1", depot_bwlimit_kib=250)
-    biggest = (f"find {dest} -name '.model*' -type f -printf '%s\\n' 2>/dev/null "
-               "| sort -n | tail -1")
+    proc = _pyinfra_popen(
+        repo,
+        tiny["sha"],
+        limit=node,
+        model_source="depot",
+        depot_host="depot-1",
+        depot_bwlimit_kib=250,
+    )
+    biggest = f"find {dest} -name '.model*' -type f -printf '%s\\n' 2>/dev/null | sort -n | tail -1"
     try:
         deadline = time.monotonic() + 240
         while int(th(node).run(biggest).stdout.strip() or 0) < 1_000_000:
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "the copy never started"
             time.sleep(0.5)
-        cut = th(node).run("pids=$(pgrep -f '[s]sh -i /opt/servefleet/etc/depot-key'); "
-                           "[ -n \"$pids\" ] && kill -TERM $pids")
+        cut = th(node).run(
+            "pids=$(pgrep -f '[s]sh -i /opt/servefleet/etc/depot-key'); "
+            '[ -n "$pids" ] && kill -TERM $pids'
+        )
         assert cut.rc == 0, cut.stderr
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -381,8 +445,14 @@ def test_interrupted_depot_copy_resumes(testbed, th, tiny, hub_url):
     assert kept.rc == 0 and int(kept.stdout.split()[0]) >= 1_000_000  # the partial file is kept
     assert record(th, node, dest) is None
 
-    again = pyinfra("inventory/testbed.py", "deploys/model.py", "-vvv", limit=node, timeout=600,
-                    data=model_data(repo, tiny["sha"], model_source="depot", depot_host="depot-1"))
+    again = pyinfra(
+        "inventory/testbed.py",
+        "deploys/model.py",
+        "-vvv",
+        limit=node,
+        timeout=600,
+        data=model_data(repo, tiny["sha"], model_source="depot", depot_host="depot-1"),
+    )
     assert again.returncode == 0, again.output[-3000:]
     reused = re.search(r"(\d+) bytes reused from files already here", again.output)
     assert reused and int(reused.group(1)) >= 1_000_000, again.output[-3000:]  # resumed

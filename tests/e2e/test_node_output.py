@@ -18,8 +18,13 @@ HOST = "rtx4090-1"
 
 
 def probe(case: str, alone: bool):
-    run = pyinfra("inventory/testbed.py", PROBE, limit=HOST, timeout=300,
-                  env={"PROBE_CASE": case, "PROBE_ALONE": "1" if alone else "0"})
+    run = pyinfra(
+        "inventory/testbed.py",
+        PROBE,
+        limit=HOST,
+        timeout=300,
+        env={"PROBE_CASE": case, "PROBE_ALONE": "1" if alone else "0"},
+    )
     found = re.search(r"^PROBE (\{.*\})$", run.output, re.M)
     return run, json.loads(found.group(1)) if found else None
 

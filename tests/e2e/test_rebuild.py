@@ -25,13 +25,27 @@ ROLES = {
     "spark": ("deploys/serve_bf16.py", "spark-1", "spark-2"),
     "rtx4090": ("deploys/serve_q4_llamacpp.py", "rtx4090-1", "rtx4090-2"),
 }
-DEPOT_MODELS = json.dumps([{"repo_id": "Qwen/Qwen-AgentWorld-35B-A3B", "revision": "testbed-tiny",
-                            "include": ["*.json", "*.safetensors"]}])
+DEPOT_MODELS = json.dumps(
+    [
+        {
+            "repo_id": "Qwen/Qwen-AgentWorld-35B-A3B",
+            "revision": "testbed-tiny",
+            "include": ["*.json", "*.safetensors"],
+        }
+    ]
+)
 
 
 def cli(*args, input_text=None, env=None):
-    return subprocess.run([*CLI, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          input=input_text, env=env, timeout=3600)
+    return subprocess.run(
+        [*CLI, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        input=input_text,
+        env=env,
+        timeout=3600,
+    )
 
 
 def data_for(role: str) -> list[str]:
@@ -48,8 +62,9 @@ def drift_items(deploy: str, host: str, role: str):
             found = found.split(" (")[0]
         expected = i["expected"].split(" (")[0] if i["name"] == "running release" else i["expected"]
         # Items name the host they were rendered for ("... rendered for spark-1"): compare the rest.
-        items.append(tuple(str(v).replace(host, "<host>")
-                           for v in (i["name"], i["state"], expected, found)))
+        items.append(
+            tuple(str(v).replace(host, "<host>") for v in (i["name"], i["state"], expected, found))
+        )
     return out.returncode, items
 
 
@@ -79,8 +94,7 @@ def test_rebuilt_host_matches_a_fresh_one(material_ready, th, role):
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         fresh_run = pool.submit(fresh_host)
-        out = cli("rebuild", INVENTORY, deploy, "--limit", host, "--yes", "--json",
-                  *data_for(role))
+        out = cli("rebuild", INVENTORY, deploy, "--limit", host, "--yes", "--json", *data_for(role))
         fresh_run.exception()  # wait for it
     try:
         run = fresh_run.result()
@@ -139,8 +153,15 @@ def test_rebuild_refuses_more_hosts_than_allowed_and_unreachable_ones(testbed, f
     fleet = yaml.safe_load(open(path))
     fleet["hosts"][0]["ssh_hostname"] = net.host_address(241)  # nobody there
     open(path, "w").write(yaml.safe_dump(fleet))
-    proc = cli("rebuild", "inventory/depot.py", "deploys/base.py", "--limit", "depot-1", "--yes",
-               env={**os.environ, "SERVEFLEET_FLEET": path})
+    proc = cli(
+        "rebuild",
+        "inventory/depot.py",
+        "deploys/base.py",
+        "--limit",
+        "depot-1",
+        "--yes",
+        env={**os.environ, "SERVEFLEET_FLEET": path},
+    )
     assert proc.returncode == 3 and "cannot reach depot-1" in proc.stderr
 
 

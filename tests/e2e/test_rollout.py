@@ -66,7 +66,8 @@ def rollout(*args: str, deploy: str = Q4, limit=None):
 
 def health(th, host: str, port: int = 8080) -> str:
     return th(host).check_output(
-        f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' http://127.0.0.1:{port}/health || true")
+        f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' http://127.0.0.1:{port}/health || true"
+    )
 
 
 def records(th, host: str) -> dict:
@@ -89,6 +90,7 @@ def agree(th, host: str, unit: str = UNIT) -> dict:
 
 def release_id(doc: dict) -> str:
     from servefleet.core.releases import Release
+
     return Release.from_json(doc).id
 
 
@@ -97,8 +99,11 @@ def workload() -> dict:
     data = {}
     for group in ("all", "rtx4090", "testbed_rtx4090", "testbed"):
         data.update(load_group(group))
-    return {"runs": data["perf_gate_runs"], "prompt_tokens": data["perf_gate_prompt_tokens"],
-            "max_tokens": data["perf_gate_max_tokens"]}
+    return {
+        "runs": data["perf_gate_runs"],
+        "prompt_tokens": data["perf_gate_prompt_tokens"],
+        "max_tokens": data["perf_gate_max_tokens"],
+    }
 
 
 def gated(figures: dict, kind: str, rollout_id: str) -> None:
@@ -170,8 +175,10 @@ def test_a_slower_release_fails_the_performance_gate_and_is_rolled_back(llama_fl
     before, after = r["perf_before"], r["perf_after"]
     # The figure that failed is named with both values, and is really beyond its threshold.
     if "decode" in r["perf"].split("FAILED")[0].rsplit(";", 1)[-1]:
-        assert f"decode {before['decode_tok_s']:.1f} -> {after['decode_tok_s']:.1f} tok/s" \
-            in r["perf"] and after["decode_tok_s"] < 0.9 * before["decode_tok_s"]
+        assert (
+            f"decode {before['decode_tok_s']:.1f} -> {after['decode_tok_s']:.1f} tok/s" in r["perf"]
+            and after["decode_tok_s"] < 0.9 * before["decode_tok_s"]
+        )
     else:
         assert f"TTFT {before['ttft_s']:.3f} -> {after['ttft_s']:.3f} s" in r["perf"]
         assert after["ttft_s"] > 1.25 * before["ttft_s"]
@@ -188,9 +195,12 @@ def test_a_slower_release_fails_the_performance_gate_and_is_rolled_back(llama_fl
     # The node keeps the gate's verdict; the report adds what the previous release measured
     # again after the rollback said (perfgate.bracket: slower than it too).
     assert slow["perf"] == after and r["perf"].startswith(slow["perf"]["verdict"])
-    assert r["perf"][len(slow["perf"]["verdict"]):].startswith(
-        ("; slower than the previous release measured again too (",
-         "; the previous release could not be measured again: ")), r["perf"]
+    assert r["perf"][len(slow["perf"]["verdict"]) :].startswith(
+        (
+            "; slower than the previous release measured again too (",
+            "; the previous release could not be measured again: ",
+        )
+    ), r["perf"]
 
 
 @pytest.mark.quiet
@@ -207,14 +217,24 @@ def test_no_perf_gate_lets_the_slower_release_through(llama_fleet, th):
     assert current["perf"]["verdict"].startswith("performance gate failed")
     # status --wide shows both releases' figures; bench --compare finds it slower than the
     # previous release (the baseline measured before the failed attempt).
-    wide = subprocess.run([*CLI, "status", INVENTORY, "--limit", host, "--wide"], cwd=REPO_ROOT,
-                          capture_output=True, text=True)
+    wide = subprocess.run(
+        [*CLI, "status", INVENTORY, "--limit", host, "--wide"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
     prev = records(th, host)["previous"][0]["perf"]
-    assert f"{prev['decode_tok_s']:.1f} tok/s, TTFT {prev['ttft_s']:.3f} s" in wide.stdout, \
+    assert f"{prev['decode_tok_s']:.1f} tok/s, TTFT {prev['ttft_s']:.3f} s" in wide.stdout, (
         wide.stdout + wide.stderr
+    )
     with quiet.exclusive():
-        out = subprocess.run([*CLI, "bench", INVENTORY, "--limit", host, "--compare", "--json"],
-                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            [*CLI, "bench", INVENTORY, "--limit", host, "--compare", "--json"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     (node,) = json.loads(out.stdout)
     assert out.returncode == 1 and node["ok"] and node["slower"], node
     assert node["previous"] == prev and node["now"]["workload"] == workload()
@@ -225,8 +245,9 @@ def test_a_failing_upgrade_rolls_back_the_first_host_and_leaves_the_others(llama
     rc, _, err = rollout("--batch", "1", NO_GATE, limit=LLAMAS)  # back to b9785 (the data's)
     assert rc == 0, err[-3000:]
     untouched = {h: (th(h).file(UNIT).content_string, records(th, h)) for h in LLAMAS[1:]}
-    rc, report, err = rollout("--batch", "1", *newer(), "--data", "llamacpp_gguf_overrides=false",
-                              limit=LLAMAS)
+    rc, report, err = rollout(
+        "--batch", "1", *newer(), "--data", "llamacpp_gguf_overrides=false", limit=LLAMAS
+    )
     assert rc == 1, (report, err[-3000:])
     first = report["hosts"][LLAMAS[0]]
     assert first["result"] == "rolled back", first
@@ -240,20 +261,37 @@ def test_a_failing_upgrade_rolls_back_the_first_host_and_leaves_the_others(llama
         assert (th(host).file(UNIT).content_string, records(th, host)) == untouched[host]
     assert "stopped after 1 failed host" in report["message"]
     # Drift, with the data of that failed upgrade, shows the host rolled back from it.
-    out = subprocess.run([*CLI, "drift", INVENTORY, Q4, "--limit", LLAMAS[0], "--json", *newer(),
-                          "--data", "llamacpp_gguf_overrides=false"], cwd=REPO_ROOT,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            *CLI,
+            "drift",
+            INVENTORY,
+            Q4,
+            "--limit",
+            LLAMAS[0],
+            "--json",
+            *newer(),
+            "--data",
+            "llamacpp_gguf_overrides=false",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 1
     items = {i["name"]: i for i in json.loads(out.stdout)["hosts"][LLAMAS[0]]["items"]}
     assert items["release"]["state"] == "drifted"
     assert "rolled back from llama.cpp llama-cpp-python-0.3.36" in items["release"]["found"]
 
 
-@pytest.mark.parametrize("point,after,delay", [
-    ("during the converge", "converging", 2.0),
-    ("between the converge and the gate", "gating", 0.0),
-    ("during the gate", "gating", 1.5),
-])
+@pytest.mark.parametrize(
+    "point,after,delay",
+    [
+        ("during the converge", "converging", 2.0),
+        ("between the converge and the gate", "gating", 0.0),
+        ("during the gate", "gating", 1.5),
+    ],
+)
 @pytest.mark.quiet
 def test_an_interrupted_rollout_is_finished_by_a_rerun(llama_fleet, th, point, after, delay):
     host = LLAMAS[0]
@@ -265,8 +303,14 @@ def test_an_interrupted_rollout_is_finished_by_a_rerun(llama_fleet, th, point, a
 
 def interrupted_then_rerun(th, host: str, point: str, after: str, delay: float) -> None:
     cmd = [*CLI, "rollout", INVENTORY, Q4, "--limit", host, *newer()]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     seen, marker = [], None
     try:
         for line in proc.stdout:
@@ -320,17 +364,29 @@ def test_rollback_by_hand_then_converge_returns_to_the_data(llama_fleet, th):
     host = LLAMAS[0]
     rc, _, err = rollout(NO_GATE, *newer(), limit=[host])
     assert rc == 0, err[-3000:]
-    out = subprocess.run([*CLI, "rollback", INVENTORY, "--limit", host, "--json"],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [*CLI, "rollback", INVENTORY, "--limit", host, "--json"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["hosts"][host]["result"] == "rolled back"
     assert json.loads(out.stdout)["exit_code"] == 0  # the report says what the process exits
     assert agree(th, host)["version"] == "b9785" and health(th, host) == "200"
-    status = json.loads(subprocess.run([*CLI, "status", INVENTORY, "--limit", host, "--json"],
-                                       cwd=REPO_ROOT, capture_output=True, text=True).stdout)
+    status = json.loads(
+        subprocess.run(
+            [*CLI, "status", INVENTORY, "--limit", host, "--json"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     assert status[0]["rolled_back_from"].startswith(f"llama.cpp {NEWER}")
-    run = pyinfra(INVENTORY, Q4, limit=host, data={"llamacpp_tag": NEWER,
-                                                  "llamacpp_commit": commits()[NEWER]})
+    run = pyinfra(
+        INVENTORY, Q4, limit=host, data={"llamacpp_tag": NEWER, "llamacpp_commit": commits()[NEWER]}
+    )
     assert run.returncode == 0, run.output[-3000:]
     current = agree(th, host)
     assert current["version"] == NEWER and records(th, host)["rolled_back_from"] is None
@@ -350,7 +406,8 @@ def test_a_rollback_into_a_unit_its_sandbox_refuses_is_stopped_by_the_probe(llam
     shipped = "SystemCallFilter=@system-service\n"
     assert shipped in previous["unit_text"]
     previous["unit_text"] = previous["unit_text"].replace(
-        shipped, shipped + "SystemCallFilter=~@file-system\n")
+        shipped, shipped + "SystemCallFilter=~@file-system\n"
+    )
     unit, pid = h.file(UNIT).content_string, h.process.get(comm="llama-server").pid
 
     def put(text: str) -> None:
@@ -358,8 +415,13 @@ def test_a_rollback_into_a_unit_its_sandbox_refuses_is_stopped_by_the_probe(llam
 
     put(json.dumps(doc))
     try:
-        out = subprocess.run([*CLI, "rollback", INVENTORY, "--limit", host, "--json"],
-                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+        out = subprocess.run(
+            [*CLI, "rollback", INVENTORY, "--limit", host, "--json"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert out.returncode != 0, out.stdout + out.stderr
         detail = json.loads(out.stdout)["hosts"][host]["detail"]
         assert "the sandbox probe" in detail and "SystemCallFilter=" in detail, detail
@@ -387,8 +449,14 @@ def vllm_026(testbed):
 # 0.26.0 as recorded on the H200 (tests/fixtures/h200/vllm/0.26.0_patched_flag.vllm.log): served
 # as "tiny", with --enforce-eager. The stand-in replays a recording only for the argv it was made
 # with, so the release asks for exactly that.
-V026 = ["--data", "vllm_version=0.26.0", "--data", "served_model_name=tiny",
-        "--data", 'vllm_extra_args=["--enforce-eager"]']
+V026 = [
+    "--data",
+    "vllm_version=0.26.0",
+    "--data",
+    "served_model_name=tiny",
+    "--data",
+    'vllm_extra_args=["--enforce-eager"]',
+]
 
 
 def test_vllm_0_24_to_0_26_upgrades_then_rolls_back_when_0_26_fails(vllm_026, th):
@@ -409,8 +477,9 @@ def test_vllm_0_24_to_0_26_upgrades_then_rolls_back_when_0_26_fails(vllm_026, th
 
     rc, _, err = rollout(deploy=BF16, limit=[host])  # back to 0.24.0, the data's release
     assert rc == 0, err[-3000:]
-    th(host).run("mkdir -p /etc/servefleet-standin && echo 0.26.0 > "
-                 "/etc/servefleet-standin/fail-versions")
+    th(host).run(
+        "mkdir -p /etc/servefleet-standin && echo 0.26.0 > /etc/servefleet-standin/fail-versions"
+    )
     try:
         rc, report, err = rollout(*V026, deploy=BF16, limit=[host])
     finally:

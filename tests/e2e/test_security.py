@@ -49,15 +49,18 @@ def test_nothing_root_runs_is_the_service_users(served, th, host):
     h = th(host)
     prune = " ".join(f"-path {d} -prune -o" for d in WRITABLE)
     # Owned by the service user, or writable by its group or by anyone, outside its dirs.
-    found = h.check_output(f"find {ROOT} -xdev {prune} \\( -user servefleet -o -group servefleet "
-                           f"-perm -g+w -o -perm -o+w \\) ! -type l -print")
+    found = h.check_output(
+        f"find {ROOT} -xdev {prune} \\( -user servefleet -o -group servefleet "
+        f"-perm -g+w -o -perm -o+w \\) ! -type l -print"
+    )
     assert found == "", found
     for d in WRITABLE:  # the declared writable dirs are the service's, and nothing above them
         assert h.file(d).user == "servefleet"
     # Every executable root runs: root-owned, not writable by others, outside the writable dirs.
     executables = h.check_output(
         f"ls -d {ROOT}/bin/* {ROOT}/tools/venv/bin/python* {ROOT}/tools/venv/bin/uv "
-        f"{ROOT}/venvs/*/bin/python* 2>/dev/null || true").split()
+        f"{ROOT}/venvs/*/bin/python* 2>/dev/null || true"
+    ).split()
     if host == "spark-1":
         executables.append(material.SPARK["vllm_executable"])
     assert executables
@@ -65,8 +68,10 @@ def test_nothing_root_runs_is_the_service_users(served, th, host):
         real = h.check_output(f"readlink -f {path}")
         assert not real.startswith(WRITABLE), real
         stat = h.check_output(f"stat -c '%U %a' {real}").split()
-        assert stat[0] == "root" and int(stat[1][-2]) & 2 == 0 and int(stat[1][-1]) & 2 == 0, \
-            (real, stat)
+        assert stat[0] == "root" and int(stat[1][-2]) & 2 == 0 and int(stat[1][-1]) & 2 == 0, (
+            real,
+            stat,
+        )
     # Tried as the service user: root's venv cannot be swapped.
     denied = h.run(f"runuser -u servefleet -- sh -c 'echo x > {ROOT}/tools/venv/bin/evil'")
     assert denied.rc != 0 and not h.file(f"{ROOT}/tools/venv/bin/evil").exists
@@ -75,8 +80,10 @@ def test_nothing_root_runs_is_the_service_users(served, th, host):
 # A watch loop on a node ends with the ssh session that started it ($PPID is that session's
 # sshd; a loop that prints nothing never learns of the disconnect from a broken pipe), and
 # after 15 minutes whatever happens.
-UNTIL_DISCONNECT = "sf_watch=1; end=$(( $(date +%s) + 900 )); while kill -0 $PPID 2>/dev/null && " \
-                   "[ $(date +%s) -lt $end ]; do"
+UNTIL_DISCONNECT = (
+    "sf_watch=1; end=$(( $(date +%s) + 900 )); while kill -0 $PPID 2>/dev/null && "
+    "[ $(date +%s) -lt $end ]; do"
+)
 
 
 def stop_remote(proc: subprocess.Popen) -> None:
@@ -89,10 +96,16 @@ class Sampler:
 
     def __init__(self, host: str):
         rec = load_state().hosts[host]
-        loop = (f"{UNTIL_DISCONNECT} cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; "
-                "echo; sleep 0.05; done")
-        self.proc = subprocess.Popen([*tb_hosts.ssh_args(rec), loop], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+        loop = (
+            f"{UNTIL_DISCONNECT} cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; "
+            "echo; sleep 0.05; done"
+        )
+        self.proc = subprocess.Popen(
+            [*tb_hosts.ssh_args(rec), loop],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         self.lines: list[str] = []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -112,14 +125,21 @@ class ModeWatch:
 
     def __init__(self, host: str):
         rec = load_state().hosts[host]
-        loop = (f"{UNTIL_DISCONNECT} stat -c '%a %s %U %n' {ROOT}/etc/api-key* "
-                f"{ROOT}/etc/vllm.env* /tmp/servefleet-upload.*/content /tmp/pyinfra-* "
-                "2>/dev/null; done")
-        self.proc = subprocess.Popen([*tb_hosts.ssh_args(rec), loop], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+        loop = (
+            f"{UNTIL_DISCONNECT} stat -c '%a %s %U %n' {ROOT}/etc/api-key* "
+            f"{ROOT}/etc/vllm.env* /tmp/servefleet-upload.*/content /tmp/pyinfra-* "
+            "2>/dev/null; done"
+        )
+        self.proc = subprocess.Popen(
+            [*tb_hosts.ssh_args(rec), loop],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         self.lines: list[str] = []
-        self.thread = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout),
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=lambda: self.lines.extend(self.proc.stdout), daemon=True
+        )
         self.thread.start()
 
     def stop(self) -> list[str]:
@@ -138,8 +158,15 @@ def test_the_api_key_stays_out_of_argv_logs_diff_and_other_eyes(served, th, host
     time.sleep(1)
     try:
         # --debug: pyinfra logs every command it runs; --diff: what it would print of files.
-        run = pyinfra("inventory/testbed.py", NODES[host], "--debug", "--diff", limit=host,
-                      data={"api_key_file": str(key)}, timeout=1800)
+        run = pyinfra(
+            "inventory/testbed.py",
+            NODES[host],
+            "--debug",
+            "--diff",
+            limit=host,
+            data={"api_key_file": str(key)},
+            timeout=1800,
+        )
     finally:
         seen = sampler.stop()
         modes = watch.stop()
@@ -168,8 +195,9 @@ def test_the_api_key_stays_out_of_argv_logs_diff_and_other_eyes(served, th, host
     assert back.returncode == 0, back.output[-3000:]
 
 
-@pytest.mark.parametrize("host,unit", [("spark-1", "servefleet-vllm.service"),
-                                       ("rtx4090-1", "servefleet-llama.service")])
+@pytest.mark.parametrize(
+    "host,unit", [("spark-1", "servefleet-vllm.service"), ("rtx4090-1", "servefleet-llama.service")]
+)
 def test_units_are_hardened(served, th, host, unit):
     out = th(host).check_output(f"systemd-analyze security {unit} --no-pager")
     score = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", out).group(1))
@@ -178,8 +206,9 @@ def test_units_are_hardened(served, th, host, unit):
     assert th(host).service(unit).is_running  # and it still serves, hardened
 
 
-@pytest.mark.parametrize("host,unit", [("spark-1", "servefleet-vllm.service"),
-                                       ("rtx4090-1", "servefleet-llama.service")])
+@pytest.mark.parametrize(
+    "host,unit", [("spark-1", "servefleet-vllm.service"), ("rtx4090-1", "servefleet-llama.service")]
+)
 def test_the_engine_cannot_read_the_fetchers_secrets(served, th, host, unit):
     """The hub token and the depot key are the model fetcher's: 0400, owned by the service user,
     which the engine runs as too. From inside the running engine's own sandbox (its mount
@@ -194,13 +223,18 @@ def test_the_engine_cannot_read_the_fetchers_secrets(served, th, host, unit):
     for name in ("hf-token", "depot-key"):
         path = f"{ROOT}/etc/{name}"
         if not h.file(path).exists:  # as the recipes write them (etc/ is made, the files not)
-            h.run_test(f"install -m 400 -o servefleet -g servefleet /dev/null {path} && "
-                       f"echo canary-{name} > {path}")
+            h.run_test(
+                f"install -m 400 -o servefleet -g servefleet /dev/null {path} && "
+                f"echo canary-{name} > {path}"
+            )
             planted.append(path)
     inside = f"nsenter -t {pid} -m -S {uid} -G {gid} --"
     try:
-        for path in (f"{ROOT}/etc/hf-token", f"{ROOT}/etc/depot-key",
-                     f"{ROOT}/state/releases.json"):
+        for path in (
+            f"{ROOT}/etc/hf-token",
+            f"{ROOT}/etc/depot-key",
+            f"{ROOT}/state/releases.json",
+        ):
             got = h.run(f"{inside} cat {path}")
             assert got.rc != 0 and "Permission denied" in got.stderr, (path, got.stdout[:80])
         for path in (f"{ROOT}/etc/hf-token", f"{ROOT}/etc/depot-key"):
@@ -222,11 +256,20 @@ def test_a_service_user_that_is_not_servefleets_is_refused_before_anything_chang
     try:
         accounts = h.check_output("sha256sum /etc/passwd /etc/group /etc/shadow")
         before = node_snapshot(h)
-        for name, what in (("video", "a group 'video'"), ("systemd-journal", "a group"),
-                           ("staff", "a group 'staff'"), ("pgsim", "an account 'pgsim'")):
+        for name, what in (
+            ("video", "a group 'video'"),
+            ("systemd-journal", "a group"),
+            ("staff", "a group 'staff'"),
+            ("pgsim", "an account 'pgsim'"),
+        ):
             assert h.run(f"getent group {name}").rc == 0, name  # it exists on the node
-            run = pyinfra("inventory/testbed.py", NODES[host], limit=host,
-                          data={"servefleet_user": name}, timeout=600)
+            run = pyinfra(
+                "inventory/testbed.py",
+                NODES[host],
+                limit=host,
+                data={"servefleet_user": name},
+                timeout=600,
+            )
             assert run.returncode != 0, run.output[-2000:]
             assert f"key 'servefleet_user' = {name!r}: {what}" in run.output, run.output[-2000:]
             assert "is not servefleet's" in run.output and "Traceback" not in run.output
@@ -246,20 +289,30 @@ def test_directories_that_are_not_servefleets_are_refused_on_the_node(served, th
     host = "rtx4090-1"
     h = th(host)
     taken, scratch, forged = "/opt/servefleet-taken", "/scratch", "/data/servefleet-forged"
-    h.run_test(f"rm -rf {taken} {scratch} {forged} && install -d -m 700 {taken} && "
-               f"echo theirs > {taken}/volume && install -d -m 1777 {scratch} && "
-               f"install -d -o servefleet -g servefleet -m 755 {forged} && runuser -u "
-               f"servefleet -- touch {forged}/.servefleet-own")
+    h.run_test(
+        f"rm -rf {taken} {scratch} {forged} && install -d -m 700 {taken} && "
+        f"echo theirs > {taken}/volume && install -d -m 1777 {scratch} && "
+        f"install -d -o servefleet -g servefleet -m 755 {forged} && runuser -u "
+        f"servefleet -- touch {forged}/.servefleet-own"
+    )
     try:
         around = f"find {taken} {scratch} {forged} -printf '%p %u %m %s %T@\\n' | sort"
         before, places = node_snapshot(h), h.check_output(around)
         for knob, expected in (
-                ({"servefleet_root": taken}, f"key 'servefleet_root' = '{taken}': {taken} "
-                                             "exists on this node and is not servefleet's"),
-                ({"servefleet_root": f"{scratch}/servefleet"},
-                 f"{scratch} above it is owned by root (uid 0), mode 1777"),
-                ({"models_root": forged}, "its .servefleet-own is a regular empty file owned "
-                                          "by servefleet")):
+            (
+                {"servefleet_root": taken},
+                f"key 'servefleet_root' = '{taken}': {taken} "
+                "exists on this node and is not servefleet's",
+            ),
+            (
+                {"servefleet_root": f"{scratch}/servefleet"},
+                f"{scratch} above it is owned by root (uid 0), mode 1777",
+            ),
+            (
+                {"models_root": forged},
+                "its .servefleet-own is a regular empty file owned by servefleet",
+            ),
+        ):
             for deploy in (NODES[host], "deploys/teardown.py"):
                 run = pyinfra("inventory/testbed.py", deploy, limit=host, data=knob, timeout=600)
                 assert run.returncode != 0, (knob, deploy, run.output[-2000:])
@@ -282,9 +335,14 @@ def test_host_key_checking_off_is_warned_loudly(served, fleet_file, tmp_path):
     fleet = yaml.safe_load(open(path))
     fleet["hosts"][0]["ssh_strict_host_key_checking"] = "no"
     open(path, "w").write(yaml.safe_dump(fleet))
-    run = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "inventory/depot.py",
-                          "deploys/base.py"], cwd=REPO_ROOT, capture_output=True, text=True,
-                         env={**os.environ, "SERVEFLEET_FLEET": path}, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", "inventory/depot.py", "deploys/base.py"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SERVEFLEET_FLEET": path},
+        timeout=600,
+    )
     out = run.stdout + run.stderr
     assert out.count("WARNING: SSH host-key checking is OFF for depot-1") == 1
 
@@ -307,8 +365,9 @@ HOSTILE_PATHS = [
 
 def node_snapshot(h) -> str:
     """Every path, owner, mode, size and mtime under the node root and the unit directory."""
-    return h.check_output(f"find {ROOT} /etc/systemd/system -xdev -printf '%p %u %m %s %T@\\n' "
-                          f"| sort")
+    return h.check_output(
+        f"find {ROOT} /etc/systemd/system -xdev -printf '%p %u %m %s %T@\\n' | sort"
+    )
 
 
 @pytest.mark.parametrize("host", list(NODES))
@@ -335,29 +394,45 @@ def test_a_hostile_models_root_is_never_followed_by_root(served, th):
     h = th("spark-1")
     model = h.check_output(f"ls -d {SPARK_MODEL}/*/").split()[-1].rstrip("/")
     canary = "/root/servefleet-canary"
-    h.run(f"rm -rf {canary} && install -d -m 711 {canary} && echo secret > {canary}/f && "
-          f"chmod 600 {canary}/f && mkfifo -m 666 {canary}/pipe")
+    h.run(
+        f"rm -rf {canary} && install -d -m 711 {canary} && echo secret > {canary}/f && "
+        f"chmod 600 {canary}/f && mkfifo -m 666 {canary}/pipe"
+    )
     outside = h.check_output(f"ls -la --time-style=+%s {canary} /etc/passwd | sort")
-    planted = [f"ln -s {canary} {model}/dir", f"ln -s {canary}/pipe {model}/pipe.safetensors",
-               f"ln -s /etc {model}/etc", f"ln -s . {model}/loop", f"mkfifo {model}/fifo.json",
-               f"echo planted > {model}/extra.safetensors",
-               f"rm -rf {model}/.servefleet && ln -s {canary} {model}/.servefleet",
-               f"install -d {model}/.cache/huggingface && ln -s {canary} "
-               f"{model}/.cache/huggingface/download"]
+    planted = [
+        f"ln -s {canary} {model}/dir",
+        f"ln -s {canary}/pipe {model}/pipe.safetensors",
+        f"ln -s /etc {model}/etc",
+        f"ln -s . {model}/loop",
+        f"mkfifo {model}/fifo.json",
+        f"echo planted > {model}/extra.safetensors",
+        f"rm -rf {model}/.servefleet && ln -s {canary} {model}/.servefleet",
+        f"install -d {model}/.cache/huggingface && ln -s {canary} "
+        f"{model}/.cache/huggingface/download",
+    ]
     for cmd in planted:
         h.run_test(f"runuser -u servefleet -- sh -c {shlex.quote(cmd)}")
     rc, report = _drift("spark-1")
     assert rc == 1, report
-    model_item = next(i for i in report["hosts"]["spark-1"]["items"]
-                      if i["state"] == "drifted" and "not part of the model" in json.dumps(i))
+    model_item = next(
+        i
+        for i in report["hosts"]["spark-1"]["items"]
+        if i["state"] == "drifted" and "not part of the model" in json.dumps(i)
+    )
     assert "extra.safetensors" in json.dumps(model_item)
     started = time.monotonic()
-    run = pyinfra("inventory/testbed.py", NODES["spark-1"], limit="spark-1",
-                  data={"page_cache_policy": "always"}, timeout=900)
+    run = pyinfra(
+        "inventory/testbed.py",
+        NODES["spark-1"],
+        limit="spark-1",
+        data={"page_cache_policy": "always"},
+        timeout=900,
+    )
     assert run.returncode == 0, run.output[-3000:]
     assert time.monotonic() - started < 600  # no FIFO held it
-    left = h.check_output(f"find {model} \\( -type l -o -type p -o -name extra.safetensors \\) "
-                          f"-print")
+    left = h.check_output(
+        f"find {model} \\( -type l -o -type p -o -name extra.safetensors \\) -print"
+    )
     assert left == "", left
     assert h.file(f"{ROOT}/state/page-cache-evict.json").exists
     assert h.check_output(f"ls -la --time-style=+%s {canary} /etc/passwd | sort") == outside
@@ -374,23 +449,39 @@ def test_names_that_are_not_utf8_or_hold_a_newline_reach_the_operator_whole(serv
     them with no traceback; the next converge changes nothing."""
     h = th("spark-1")
     model = h.check_output(f"ls -d {SPARK_MODEL}/*/").split()[-1].rstrip("/")
-    plant = (f"import os; d = os.fsencode({model!r}); "
-             "open(d + b'/bad\\xffname.safetensors', 'w').write('x'); "
-             "open(d + b'/config.json\\n10 model.safetensors', 'w').write('x')")
+    plant = (
+        f"import os; d = os.fsencode({model!r}); "
+        "open(d + b'/bad\\xffname.safetensors', 'w').write('x'); "
+        "open(d + b'/config.json\\n10 model.safetensors', 'w').write('x')"
+    )
     h.run_test(f"runuser -u servefleet -- python3 -c {shlex.quote(plant)}")
     rc, report = _drift("spark-1")
     assert rc == 1, report
     said = json.dumps(report)
     assert "bad\\\\xffname.safetensors" in said, said[-3000:]  # \xff as JSON writes it
     assert "config.json\\\\n10 model.safetensors" in said, said[-3000:]
-    status = subprocess.run([sys.executable, "-m", "servefleet.cli", "status",
-                             "inventory/testbed.py", "--limit", "spark-1", "--json"],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    status = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servefleet.cli",
+            "status",
+            "inventory/testbed.py",
+            "--limit",
+            "spark-1",
+            "--json",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert "Traceback" not in status.stderr, status.stderr[-3000:]
     assert json.loads(status.stdout)[0]["model"].endswith("(not verified)"), status.stdout
     run = pyinfra("inventory/testbed.py", NODES["spark-1"], limit="spark-1", timeout=900)
-    assert "Traceback" not in run.output and "UnicodeDecodeError" not in run.output, \
-        run.output[-3000:]
+    assert "Traceback" not in run.output and "UnicodeDecodeError" not in run.output, run.output[
+        -3000:
+    ]
     assert run.returncode == 0, run.output[-3000:]
     left = h.check_output(f"find {model} -name 'bad*' -o -name 'config.json?10*'")
     assert left == "", left
@@ -398,7 +489,21 @@ def test_names_that_are_not_utf8_or_hold_a_newline_reach_the_operator_whole(serv
 
 
 def _drift(host: str):
-    proc = subprocess.run([sys.executable, "-m", "servefleet.cli", "drift", "inventory/testbed.py",
-                           NODES[host], "--limit", host, "--json"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servefleet.cli",
+            "drift",
+            "inventory/testbed.py",
+            NODES[host],
+            "--limit",
+            host,
+            "--json",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else proc.stderr

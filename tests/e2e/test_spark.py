@@ -74,8 +74,10 @@ def test_invalid_data_stops_the_run_before_any_change(bf16, th):
 
 def test_serve_bf16_converges_serves_then_is_idempotent(bf16, th):
     # From no unit at all (earlier tests may have converged this host): a first start follows.
-    th(HOST).run("systemctl disable --now servefleet-vllm.service; "
-                 "rm -f /etc/systemd/system/servefleet-vllm.service; systemctl daemon-reload")
+    th(HOST).run(
+        "systemctl disable --now servefleet-vllm.service; "
+        "rm -f /etc/systemd/system/servefleet-vllm.service; systemctl daemon-reload"
+    )
     first = converge()
     assert first.returncode == 0, first.output[-4000:]
     assert first.errors == 0
@@ -105,11 +107,14 @@ def test_serve_bf16_converges_serves_then_is_idempotent(bf16, th):
 def test_venv_holds_the_pinned_real_wheels(bf16, th):
     host = th(HOST)
     versions = host.check_output(
-        f"{VENV}/bin/python -c \"import importlib.metadata as m; "
-        f"print(m.version('torch'), m.version('vllm'))\"")
+        f'{VENV}/bin/python -c "import importlib.metadata as m; '
+        f"print(m.version('torch'), m.version('vllm'))\""
+    )
     assert versions == "2.11.0 0.24.0"
-    cuda = host.check_output(f"{VENV}/bin/python -c \"import runpy; "
-                             f"print(runpy.run_path('{SITE}/torch/version.py')['cuda'])\"")
+    cuda = host.check_output(
+        f'{VENV}/bin/python -c "import runpy; '
+        f"print(runpy.run_path('{SITE}/torch/version.py')['cuda'])\""
+    )
     assert cuda == "13.0"
     assert host.file(f"{VENV}/bin/vllm").exists
 
@@ -126,20 +131,34 @@ def test_qwen3_5_is_patched_with_its_orig(bf16, th):
 def test_checkpoint_and_unit(bf16, th):
     host = th(HOST)
     model = model_dir(host)
-    for name in ("config.json", "model.safetensors.index.json",
-                 "model.safetensors-00001-of-00002.safetensors"):
+    for name in (
+        "config.json",
+        "model.safetensors.index.json",
+        "model.safetensors-00001-of-00002.safetensors",
+    ):
         f = host.file(f"{model}/{name}")
         assert f.exists and f.user == "servefleet"
     unit = host.file(UNIT)
     assert unit.exists and unit.mode == 0o644 and unit.user == "root"
     text = unit.content_string
     standin = material.SPARK["vllm_executable"]
-    for expected in (f"ExecStart={standin} serve {model}", f"--served-model-name {REPO}",
-                     "--language-model-only", "--max-model-len 4096",
-                     "--kv-cache-memory-bytes 2147483648", "--host 127.0.0.1", "--port 8000",
-                     'Environment="HF_HUB_OFFLINE=1"', f'Environment="VIRTUAL_ENV={VENV}"',
-                     "User=servefleet", "Restart=on-failure", "StandardOutput=journal",
-                     "ProtectSystem=strict", "NoNewPrivileges=yes", "DevicePolicy=closed"):
+    for expected in (
+        f"ExecStart={standin} serve {model}",
+        f"--served-model-name {REPO}",
+        "--language-model-only",
+        "--max-model-len 4096",
+        "--kv-cache-memory-bytes 2147483648",
+        "--host 127.0.0.1",
+        "--port 8000",
+        'Environment="HF_HUB_OFFLINE=1"',
+        f'Environment="VIRTUAL_ENV={VENV}"',
+        "User=servefleet",
+        "Restart=on-failure",
+        "StandardOutput=journal",
+        "ProtectSystem=strict",
+        "NoNewPrivileges=yes",
+        "DevicePolicy=closed",
+    ):
         assert expected in text, expected
     assert "EnvironmentFile" not in text  # no api_key_file by default
     # Only the executable differs from a real node: the flags are vLLM's, checked by the
@@ -157,8 +176,10 @@ def test_lint_fails_this_host_when_the_recipe_would_not_load(bf16, th):
     unit_before = th(HOST).file(UNIT).content_string
     run = converge({"language_model_only": False})
     assert run.returncode != 0
-    assert ("Qwen3_5MoeForConditionalGeneration builds a vision tower but the checkpoint has no "
-            "visual weights") in run.output
+    assert (
+        "Qwen3_5MoeForConditionalGeneration builds a vision tower but the checkpoint has no "
+        "visual weights"
+    ) in run.output
     assert th(HOST).file(UNIT).content_string == unit_before  # stopped before the service step
 
 
@@ -167,9 +188,11 @@ def test_memory_preflight_fails_this_host_with_the_numbers(bf16, th):
     run = converge({"kv_cache_memory_bytes": 64 << 20, "max_model_len": 262144})
     assert run.returncode != 0
     # The tiny checkpoint's config: 500 blocks of 270,336 bytes for one 262,144-token request.
-    assert ("memory preflight failed on spark-1: vLLM would refuse to start: one 262,144-token "
-            "request needs 0.13 GiB (135,168,000 bytes) of KV cache, the pool is 0.06 GiB "
-            "(67,108,864 bytes); it holds at most 129,360 tokens per request") in run.output
+    assert (
+        "memory preflight failed on spark-1: vLLM would refuse to start: one 262,144-token "
+        "request needs 0.13 GiB (135,168,000 bytes) of KV cache, the pool is 0.06 GiB "
+        "(67,108,864 bytes); it holds at most 129,360 tokens per request"
+    ) in run.output
     over = converge({"usable_memory_bytes": 5 * 1024**3})
     assert over.returncode != 0
     assert "weights 0.01 + KV pool 2.0 + overhead 4.0 = 6.01 GiB > 5.0 GiB usable" in over.output
@@ -225,8 +248,9 @@ def test_api_key_protects_the_api_and_stays_out_of_argv(bf16, th, tmp_path):
     url = "http://127.0.0.1:8000/v1/models"
     assert host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' {url}") == "401"
     host.run(f"printf 'Authorization: Bearer sk-testbed-123456\\n' > /root/hdr")
-    assert host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' -H @/root/hdr {url}") \
-        == "200"
+    assert (
+        host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' -H @/root/hdr {url}") == "200"
+    )
     host.run("rm -f /root/hdr")
     assert "sk-testbed" not in run.output  # never in pyinfra's output
     back = converge()
@@ -238,8 +262,11 @@ def test_api_key_protects_the_api_and_stays_out_of_argv(bf16, th, tmp_path):
 
 def _standin_control(host, name: str, text: str | None) -> None:
     path = f"{STANDIN_CONTROL}/{name}"
-    host.run(f"rm -f {path}" if text is None else
-             f"mkdir -p {STANDIN_CONTROL} && printf '%s\\n' {shlex.quote(text)} > {path}")
+    host.run(
+        f"rm -f {path}"
+        if text is None
+        else f"mkdir -p {STANDIN_CONTROL} && printf '%s\\n' {shlex.quote(text)} > {path}"
+    )
 
 
 def test_kv_lines_that_differ_from_plan_kv_fail_the_host_naming_both(bf16, th):
@@ -250,8 +277,9 @@ def test_kv_lines_that_differ_from_plan_kv_fail_the_host_naming_both(bf16, th):
     finally:
         _standin_control(host, "replay-instead", None)
     assert run.returncode != 0
-    assert ("vLLM logged GPU KV cache size 1,323,666 tokens, plan-kv expected 2,957,684"
-            in run.output)
+    assert (
+        "vLLM logged GPU KV cache size 1,323,666 tokens, plan-kv expected 2,957,684" in run.output
+    )
     assert "vLLM logged maximum concurrency 441.22x, plan-kv expected 722.09x" in run.output
     fixed = converge()
     assert fixed.returncode == 0, fixed.output[-3000:]
@@ -287,22 +315,41 @@ def test_patch_refusal_fails_only_that_host(bf16, th):
     other = "rtx4090-1"
     for name in (HOST, other):
         host = th(name)
-        host.run(f"rm -rf {venv}; mkdir -p {site}/vllm/model_executor/models "
-                 f"{site}/vllm-0.24.0.dist-info {venv}/bin && ln -s /usr/bin/python3 {venv}/bin/python")
+        host.run(
+            f"rm -rf {venv}; mkdir -p {site}/vllm/model_executor/models "
+            f"{site}/vllm-0.24.0.dist-info {venv}/bin && ln -s /usr/bin/python3 {venv}/bin/python"
+        )
         rec = load_state().hosts[name]
-        for data, path in ((shipped, f"{site}/vllm/model_executor/models/qwen3_5.py"),
-                           (metadata, f"{site}/vllm-0.24.0.dist-info/METADATA")):
+        for data, path in (
+            (shipped, f"{site}/vllm/model_executor/models/qwen3_5.py"),
+            (metadata, f"{site}/vllm-0.24.0.dist-info/METADATA"),
+        ):
             subprocess.run([*tb_hosts.ssh_args(rec), f"cat > {path}"], input=data, check=True)
     edited = f"{site}/vllm/model_executor/models/qwen3_5.py"
     th(HOST).run(f"echo '# local edit' >> {edited}")
     edited_sha = sha256_on(th(HOST), edited)
 
     run = subprocess.run(
-        [sys.executable, "-m", "pyinfra", "-y", "--limit", HOST, "--limit", other,
-         "inventory/testbed.py", "servefleet.operations.vllm_patch.apply", f"venv={venv}",
-         "workdir=/opt/servefleet/bin"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "NO_COLOR": "1"})
+        [
+            sys.executable,
+            "-m",
+            "pyinfra",
+            "-y",
+            "--limit",
+            HOST,
+            "--limit",
+            other,
+            "inventory/testbed.py",
+            "servefleet.operations.vllm_patch.apply",
+            f"venv={venv}",
+            "workdir=/opt/servefleet/bin",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     output = run.stdout + run.stderr
 
     assert run.returncode != 0

@@ -18,8 +18,14 @@ CLI = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(
 
 
 def cli(*args, env=None):
-    return subprocess.run([*CLI, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*CLI, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +35,13 @@ def keyed(testbed, tmp_path_factory):
     key = tmp_path_factory.mktemp("keys") / "api-key"
     key.write_text("sk-bench-status-0123\n")
     for deploy, host in (("deploys/serve_q4_llamacpp.py", LLAMA), ("deploys/serve_bf16.py", SPARK)):
-        run = pyinfra("inventory/testbed.py", deploy, limit=host, timeout=3600,
-                      data={"api_key_file": str(key)})
+        run = pyinfra(
+            "inventory/testbed.py",
+            deploy,
+            limit=host,
+            timeout=3600,
+            data={"api_key_file": str(key)},
+        )
         assert run.returncode == 0, run.output[-3000:]
     yield ["--data", f"api_key_file={key}"]
     for deploy, host in (("deploys/serve_q4_llamacpp.py", LLAMA), ("deploys/serve_bf16.py", SPARK)):
@@ -42,11 +53,27 @@ def test_bench_measures_a_key_protected_node(keyed, host, th):
     # The key is refused without it: the bench below must send it (from the node's key file).
     port = 8080 if host == LLAMA else 8000
     # (llama-server leaves /health and /v1/models public: ask for a completion.)
-    assert th(host).check_output(f"curl -s -o /dev/null -w '%{{http_code}}' -X POST "
-                                 f"-H 'Content-Type: application/json' -d '{{}}' "
-                                 f"http://127.0.0.1:{port}/v1/chat/completions") == "401"
-    out = cli("bench", "inventory/testbed.py", "--limit", host, "--runs", "3",
-              "--prompt-tokens", "256", "--max-tokens", "32", "--json")
+    assert (
+        th(host).check_output(
+            f"curl -s -o /dev/null -w '%{{http_code}}' -X POST "
+            f"-H 'Content-Type: application/json' -d '{{}}' "
+            f"http://127.0.0.1:{port}/v1/chat/completions"
+        )
+        == "401"
+    )
+    out = cli(
+        "bench",
+        "inventory/testbed.py",
+        "--limit",
+        host,
+        "--runs",
+        "3",
+        "--prompt-tokens",
+        "256",
+        "--max-tokens",
+        "32",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr + out.stdout
     (node,) = json.loads(out.stdout)
     assert node["host"] == host and node["ok"], node
@@ -87,10 +114,17 @@ def test_status_shows_engine_model_service_health_and_release(keyed):
 
 def test_status_and_drift_fit_80_columns(keyed):
     env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin"}
-    for args in (("status", "inventory/testbed.py"),
-                 ("drift", "inventory/testbed.py", "deploys/serve_q4_llamacpp.py"),
-                 ("drift", "inventory/testbed.py", "deploys/serve_q4_llamacpp.py", "--data",
-                  "llamacpp_context=4096")):
+    for args in (
+        ("status", "inventory/testbed.py"),
+        ("drift", "inventory/testbed.py", "deploys/serve_q4_llamacpp.py"),
+        (
+            "drift",
+            "inventory/testbed.py",
+            "deploys/serve_q4_llamacpp.py",
+            "--data",
+            "llamacpp_context=4096",
+        ),
+    ):
         out = cli(*args, env=env)
         lines = out.stdout.splitlines()
         assert lines and all(len(line) <= 80 for line in lines), lines

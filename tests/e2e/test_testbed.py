@@ -21,8 +21,9 @@ pytestmark = pytest.mark.e2e
 
 
 def ssh(rec, *cmd, user="root"):
-    return subprocess.run([*hosts.ssh_args(rec, user), *cmd], capture_output=True, text=True,
-                          timeout=30)
+    return subprocess.run(
+        [*hosts.ssh_args(rec, user), *cmd], capture_output=True, text=True, timeout=30
+    )
 
 
 def test_status_lists_every_host_running(testbed):
@@ -41,12 +42,17 @@ def test_hosts_are_reached_as_a_sudo_user_with_pinned_host_keys(testbed):
         assert who.returncode == 0 and who.stdout.split() == [ADMIN_USER, "root"], who.stderr
     # The known_hosts holds each guest's own key; a host presenting another key is refused.
     pinned = known_hosts_path().read_text()
-    assert f"[{depot.address}]:2222 ssh-ed25519 " in pinned and f"{spark.address} ssh-ed25519 " in pinned
+    assert (
+        f"[{depot.address}]:2222 ssh-ed25519 " in pinned
+        and f"{spark.address} ssh-ed25519 " in pinned
+    )
     original = pinned
     try:
-        known_hosts_path().write_text(pinned.replace(f"{spark.address} ", f"{depot.address}x "
-                                                     ).replace(f"[{depot.address}]:2222 ",
-                                                               f"{spark.address} "))
+        known_hosts_path().write_text(
+            pinned.replace(f"{spark.address} ", f"{depot.address}x ").replace(
+                f"[{depot.address}]:2222 ", f"{spark.address} "
+            )
+        )
         refused = ssh(spark, "true")
         assert refused.returncode != 0 and "host key" in refused.stderr.lower()
     finally:
@@ -58,12 +64,21 @@ def test_guests_reach_each_other_the_hub_and_the_registries(testbed):
     assert ssh(spark, "hostname").stdout.strip() == "spark-1"
     assert ssh(spark, "bash", "-c", f"exec 3<>/dev/tcp/{depot.address}/2222").returncode == 0
     hub = load_state().services["hub"]["url"]
-    out = ssh(spark, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-              f"{hub}/_servefleet/health")
+    out = ssh(
+        spark, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{hub}/_servefleet/health"
+    )
     assert out.stdout == "200"
     # Outbound NAT: the Debian archive (a package registry) answers from inside a guest.
-    out = ssh(spark, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-              "http://deb.debian.org/debian/dists/bookworm/Release")
+    out = ssh(
+        spark,
+        "curl",
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "http://deb.debian.org/debian/dists/bookworm/Release",
+    )
     assert out.stdout == "200"
 
 
@@ -102,8 +117,9 @@ def test_up_after_an_unclean_stop_recovers(testbed):
         assert hosts.guests_under(tb_state.testbed_dir() / "hosts" / rec.name) == [], rec.name
     lifecycle.up(list(state.hosts), log=lambda m: None)
     after = load_state()
-    assert {n: h.address for n, h in after.hosts.items()} == \
-        {n: h.address for n, h in state.hosts.items()}
+    assert {n: h.address for n, h in after.hosts.items()} == {
+        n: h.address for n, h in state.hosts.items()
+    }
     for row in lifecycle.status():
         # Booted to the end ("degraded" too: a hard kill can leave a guest unit failed, e.g.
         # systemd-sysusers after an interrupted write; that is the guest's, not the testbed's).
@@ -120,18 +136,38 @@ def test_rm_and_down_of_a_dozen_hosts_stop_exactly_theirs(testbed):
     env = {**os.environ, "SERVEFLEET_TESTBED_INSTANCE": "8"}
 
     def tb(*args, timeout=600):
-        return subprocess.run([sys.executable, "-c", "from servefleet.cli import main; "
-                               "raise SystemExit(main())", "testbed", *args], cwd=REPO_ROOT,
-                              env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from servefleet.cli import main; raise SystemExit(main())",
+                "testbed",
+                *args,
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
-    probe = ("from servefleet_dev.testbed import lifecycle, net, hosts, state; import json; "
-             "print(json.dumps({'rows': lifecycle.status(), 'dir': str(state.testbed_dir()), "
-             "'netns': str(net.NETNS_PATH), 'subnet': str(net.SUBNET)}))")
+    probe = (
+        "from servefleet_dev.testbed import lifecycle, net, hosts, state; import json; "
+        "print(json.dumps({'rows': lifecycle.status(), 'dir': str(state.testbed_dir()), "
+        "'netns': str(net.NETNS_PATH), 'subnet': str(net.SUBNET)}))"
+    )
 
     def look():
-        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                             text=True, cwd=REPO_ROOT, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", probe],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=REPO_ROOT,
+            timeout=300,
+        )
         import json
+
         return json.loads(out.stdout)
 
     up = tb("down")
@@ -160,8 +196,11 @@ def test_rm_and_down_of_a_dozen_hosts_stop_exactly_theirs(testbed):
             except OSError:
                 continue
             upper = hosts.guest_upper(int(proc)) or ""  # a guest's root reads "/" from here
-            if root.startswith(info["dir"] + "/") or info["dir"] + "/" in cmd \
-                    or upper.startswith(info["dir"] + "/"):
+            if (
+                root.startswith(info["dir"] + "/")
+                or info["dir"] + "/" in cmd
+                or upper.startswith(info["dir"] + "/")
+            ):
                 left.append(cmd or root)
     assert left == []
     assert not os.path.exists(info["netns"])
@@ -183,8 +222,9 @@ def test_guests_enforce_the_units_device_policy(testbed):
     opens = ["/bin/sh", "-c", ": <>/dev/net/tun && echo opened"]
 
     def probe(props):
-        script = sandbox.probe_script("devpolicy-check.service", ADMIN_USER, props, [], opens,
-                                      gpu=False)
+        script = sandbox.probe_script(
+            "devpolicy-check.service", ADMIN_USER, props, [], opens, gpu=False
+        )
         return ssh(rec, f"sh -c {shlex.quote(script)}")
 
     try:
@@ -194,7 +234,8 @@ def test_guests_enforce_the_units_device_policy(testbed):
         assert denied.returncode == 1, denied.stdout + denied.stderr
         assert "Operation not permitted" in denied.stderr, denied.stderr  # EPERM: the filter
         allowed = probe([*shipped, ("DeviceAllow", "/dev/net/tun rw")])
-        assert allowed.returncode == 0 and "opened" in allowed.stdout, \
+        assert allowed.returncode == 0 and "opened" in allowed.stdout, (
             allowed.stdout + allowed.stderr
+        )
     finally:
         ssh(rec, "chmod 0600 /dev/net/tun")

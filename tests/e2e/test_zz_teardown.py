@@ -51,8 +51,11 @@ def test_down_leaves_no_mounts_namespaces_processes_or_routes(testbed):
                 cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if marker in cmd or str(net.NETNS_PATH) + " " in cmd + " " \
-                    or f"--host {net.HOST_ADDR} " in cmd + " ":
+            if (
+                marker in cmd
+                or str(net.NETNS_PATH) + " " in cmd + " "
+                or f"--host {net.HOST_ADDR} " in cmd + " "
+            ):
                 left.append(cmd)
     assert left == []
     assert tb_state.load_state().hosts == {} and not tb_state.load_state().network_up

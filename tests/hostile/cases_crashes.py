@@ -37,6 +37,7 @@ def listing(directory: Path) -> dict[str, str]:
 def validation_refusal(key: str, make, recipe: str = "serve_bf16"):
     """validate() of spark data whose `key` names the path make(tmp) returns: the refusal line,
     within DEADLINE_S, with the scratch directory and the fleet-key cache unchanged."""
+
     def attempt():
         with scratch() as tmp:
             cache = tmp / "cache"
@@ -60,6 +61,7 @@ def validation_refusal(key: str, make, recipe: str = "serve_bf16"):
                     os.environ.pop("SERVEFLEET_CACHE", None)
                 else:
                     os.environ["SERVEFLEET_CACHE"] = saved
+
     return attempt
 
 
@@ -70,9 +72,11 @@ def fifo(tmp: Path) -> Path:
 
 def device(name: str):
     """A link in the scratch directory to /dev/<name> (so nothing outside it is named)."""
+
     def make(tmp: Path) -> Path:
         (tmp / name).symlink_to(f"/dev/{name}")
         return tmp / name
+
     return make
 
 
@@ -88,6 +92,7 @@ def key_case(key: str, name: str, make, expected: str):
 def _write(text: str):
     def write(path: Path):
         path.write_text(text)
+
     return write
 
 
@@ -105,32 +110,70 @@ def fleet_case(name: str, expected: str, write):
 
 
 CASES = [
-    fleet_case("a list as a key (? [a] : x)", "a key of type seq: expected a string key",
-               _write("? [a]\n: x\nhosts: []\n")),
-    fleet_case("a mapping as a key in a host entry", "a key of type map",
-               _write("hosts:\n  - name: a\n    role: spark\n    ? {x: 1}\n    : y\n")),
-    fleet_case("an integer key in data:", "a key of type int",
-               _write("hosts:\n  - {name: a, role: spark, data: {5: x}}\n")),
-    fleet_case("5,000 nested [ (10 KB)", "nested more than 32 levels deep",
-               _write("hosts: " + "[" * 5000 + "\n")),
-    fleet_case("5,000 nested flow mappings", "nested more than 32 levels deep",
-               _write("hosts: " + "{a: " * 5000 + "\n")),
-    fleet_case("5,000 nested block sequences on one line (- - - ...)",
-               "nested more than 32 levels deep", _write("hosts:\n" + "- " * 5000 + "x\n")),
-    fleet_case("a FIFO (would wait for a writer)", "is a FIFO (named pipe), not a regular file",
-               _fleet_fifo),
-    fleet_case("a link to /dev/zero (endless)", "is a character device, not a regular file",
-               _fleet_zero),
-    key_case("api_key_file", "a FIFO (would hang the run)", fifo,
-             "is a FIFO (named pipe), not a regular file"),
-    key_case("api_key_file", "/dev/zero (endless)", device("zero"),
-             "is a character device, not a regular file"),
+    fleet_case(
+        "a list as a key (? [a] : x)",
+        "a key of type seq: expected a string key",
+        _write("? [a]\n: x\nhosts: []\n"),
+    ),
+    fleet_case(
+        "a mapping as a key in a host entry",
+        "a key of type map",
+        _write("hosts:\n  - name: a\n    role: spark\n    ? {x: 1}\n    : y\n"),
+    ),
+    fleet_case(
+        "an integer key in data:",
+        "a key of type int",
+        _write("hosts:\n  - {name: a, role: spark, data: {5: x}}\n"),
+    ),
+    fleet_case(
+        "5,000 nested [ (10 KB)",
+        "nested more than 32 levels deep",
+        _write("hosts: " + "[" * 5000 + "\n"),
+    ),
+    fleet_case(
+        "5,000 nested flow mappings",
+        "nested more than 32 levels deep",
+        _write("hosts: " + "{a: " * 5000 + "\n"),
+    ),
+    fleet_case(
+        "5,000 nested block sequences on one line (- - - ...)",
+        "nested more than 32 levels deep",
+        _write("hosts:\n" + "- " * 5000 + "x\n"),
+    ),
+    fleet_case(
+        "a FIFO (would wait for a writer)",
+        "is a FIFO (named pipe), not a regular file",
+        _fleet_fifo,
+    ),
+    fleet_case(
+        "a link to /dev/zero (endless)", "is a character device, not a regular file", _fleet_zero
+    ),
+    key_case(
+        "api_key_file",
+        "a FIFO (would hang the run)",
+        fifo,
+        "is a FIFO (named pipe), not a regular file",
+    ),
+    key_case(
+        "api_key_file",
+        "/dev/zero (endless)",
+        device("zero"),
+        "is a character device, not a regular file",
+    ),
     key_case("api_key_file", "a directory", directory, "is a directory, not a regular file"),
     key_case("hf_token_file", "a FIFO", fifo, "is a FIFO (named pipe), not a regular file"),
-    key_case("hf_token_file", "/dev/urandom (endless)", device("urandom"),
-             "is a character device, not a regular file"),
+    key_case(
+        "hf_token_file",
+        "/dev/urandom (endless)",
+        device("urandom"),
+        "is a character device, not a regular file",
+    ),
     key_case("depot_ssh_key", "a FIFO", fifo, "is a FIFO (named pipe), not a regular file"),
-    key_case("depot_ssh_key", "/dev/zero (endless)", device("zero"),
-             "is a character device, not a regular file"),
+    key_case(
+        "depot_ssh_key",
+        "/dev/zero (endless)",
+        device("zero"),
+        "is a character device, not a regular file",
+    ),
     key_case("depot_ssh_key", "a directory", directory, "is a directory, not a regular file"),
 ]

@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _fetcher():
-    spec = importlib.util.spec_from_file_location("fetch_model", REPO / "files/model/fetch_model.py")
+    spec = importlib.util.spec_from_file_location(
+        "fetch_model", REPO / "files/model/fetch_model.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -35,12 +37,14 @@ def hub_entry(entry: dict):
         except HubError as exc:
             return str(exc)
         return None
+
     return run
 
 
 def fetch(request_of, name: str, expected: str):
     """Run the node-side fetcher on a request; it must fail naming `expected`, and nothing
     outside the destination may change."""
+
     def check():
         base = Path(tempfile.mkdtemp(prefix="servefleet-depot-"))
         try:
@@ -60,25 +64,46 @@ def fetch(request_of, name: str, expected: str):
             assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
         finally:
             shutil.rmtree(base, ignore_errors=True)
-    return Case(CATEGORY, name, f"refused: {expected}; nothing outside the destination changes",
-                check)
+
+    return Case(
+        CATEGORY, name, f"refused: {expected}; nothing outside the destination changes", check
+    )
 
 
 def depot_request(root, outside, files):
     """A depot fetch whose manifest (the depot's verified.json) lists `files`."""
     dest = root / "org--m" / ("a" * 40)
     manifest = dest / ".servefleet" / "depot-manifest.json"
-    req = {"source": "depot", "repo_id": "org/m", "revision": "main", "sha": "a" * 40,
-           "include": ["*"], "dest": str(dest), "root": str(root), "margin_bytes": 0,
-           "depot": {"host": "127.0.0.1", "port": 1, "user": "x", "path": "org--m/" + "a" * 40,
-                     "key": "/nonexistent", "known_hosts": "/nonexistent"}}
-    doc = {"repo_id": "org/m", "sha": "a" * 40, "files": {f: 1 for f in files},
-           "sha256": {f: "0" * 64 for f in files}}
+    req = {
+        "source": "depot",
+        "repo_id": "org/m",
+        "revision": "main",
+        "sha": "a" * 40,
+        "include": ["*"],
+        "dest": str(dest),
+        "root": str(root),
+        "margin_bytes": 0,
+        "depot": {
+            "host": "127.0.0.1",
+            "port": 1,
+            "user": "x",
+            "path": "org--m/" + "a" * 40,
+            "key": "/nonexistent",
+            "known_hosts": "/nonexistent",
+        },
+    }
+    doc = {
+        "repo_id": "org/m",
+        "sha": "a" * 40,
+        "files": {f: 1 for f in files},
+        "sha256": {f: "0" * 64 for f in files},
+    }
 
     def fake_rsync(depot, remote, local, list_file=None, partial=False):
         if str(local).endswith("depot-manifest.json"):
             Path(local).parent.mkdir(parents=True, exist_ok=True)
             Path(local).write_text(json.dumps(doc))
+
     FM._rsync = fake_rsync
     manifest.parent.mkdir(parents=True, exist_ok=True)
     return req
@@ -86,11 +111,21 @@ def depot_request(root, outside, files):
 
 def hub_request(root, outside, files=("config.json",), dest=None):
     dest = dest if dest is not None else root / "org--m" / ("a" * 40)
-    return {"source": "hub", "repo_id": "org/m", "revision": "main", "sha": "a" * 40,
-            "include": ["*"], "dest": str(dest), "root": str(root), "margin_bytes": 0,
-            "endpoint": "http://127.0.0.1:1", "hf": "/bin/false", "hf_home": str(root / "h"),
-            "token_file": None,
-            "files": [{"path": f, "size": 1, "sha256": "0" * 64, "oid": ""} for f in files]}
+    return {
+        "source": "hub",
+        "repo_id": "org/m",
+        "revision": "main",
+        "sha": "a" * 40,
+        "include": ["*"],
+        "dest": str(dest),
+        "root": str(root),
+        "margin_bytes": 0,
+        "endpoint": "http://127.0.0.1:1",
+        "hf": "/bin/false",
+        "hf_home": str(root / "h"),
+        "token_file": None,
+        "files": [{"path": f, "size": 1, "sha256": "0" * 64, "oid": ""} for f in files],
+    }
 
 
 def ref_garbage():
@@ -108,41 +143,102 @@ def next_link_elsewhere():
 
 
 CASES = [
-    refused(CATEGORY, "a hub file ../../etc/passwd", "not a plain relative path",
-            hub_entry({"type": "file", "path": "../../etc/passwd", "size": 1})),
-    refused(CATEGORY, "a hub file /etc/passwd", "not a plain relative path",
-            hub_entry({"type": "file", "path": "/etc/passwd", "size": 1})),
-    refused(CATEGORY, "a hub file a/../../b", "not a plain relative path",
-            hub_entry({"type": "file", "path": "a/../../b", "size": 1})),
-    refused(CATEGORY, "a hub file with a newline", "not a plain relative path",
-            hub_entry({"type": "file", "path": "x\ny", "size": 1})),
-    refused(CATEGORY, "a hub file with an empty component", "not a plain relative path",
-            hub_entry({"type": "file", "path": "a//b", "size": 1})),
-    refused(CATEGORY, "a hub file of size -1", "with size -1",
-            hub_entry({"type": "file", "path": "a", "size": -1})),
-    refused(CATEGORY, "a hub sha256 that is no hash", "with sha256",
-            hub_entry({"type": "file", "path": "a", "size": 1, "lfs": {"oid": "../x"}})),
-    refused(CATEGORY, "a hub oid that is no hash", "with oid",
-            hub_entry({"type": "file", "path": "a", "size": 1, "oid": "x; rm"})),
-    fetch(lambda r, o: depot_request(r, o, ["../outside/keep.txt"]),
-          "a depot manifest naming ../outside", "names files outside the model directory"),
-    fetch(lambda r, o: depot_request(r, o, [str(o / "keep.txt")]),
-          "a depot manifest naming an absolute path", "names files outside the model directory"),
-    fetch(lambda r, o: hub_request(r, o, files=("../../outside/keep.txt",)),
-          "a hub listing naming ../", "names files outside the model directory"),
-    fetch(lambda r, o: hub_request(r, o, dest=o),
-          "a destination outside the models root", "is not inside"),
-    fetch(lambda r, o: hub_request(r, o, dest=r),
-          "the models root itself as destination", "is not inside"),
-    fetch(lambda r, o: (r.joinpath("link").symlink_to(o), hub_request(r, o, dest=r / "link"))[1],
-          "a destination reached through a symlink leaving the root", "is not inside"),
-    harmless(CATEGORY, "a depot ref file holding garbage", "read as no copy (None), never a path",
-             ref_garbage),
-    harmless(CATEGORY, "a hub's next page on another host",
-             "the listing refuses a next page off the endpoint", next_link_elsewhere),
-    harmless(CATEGORY, "repo paths the hub may name",
-             "plain relative paths pass, anything leaving the directory does not",
-             lambda: (assert_paths())),
+    refused(
+        CATEGORY,
+        "a hub file ../../etc/passwd",
+        "not a plain relative path",
+        hub_entry({"type": "file", "path": "../../etc/passwd", "size": 1}),
+    ),
+    refused(
+        CATEGORY,
+        "a hub file /etc/passwd",
+        "not a plain relative path",
+        hub_entry({"type": "file", "path": "/etc/passwd", "size": 1}),
+    ),
+    refused(
+        CATEGORY,
+        "a hub file a/../../b",
+        "not a plain relative path",
+        hub_entry({"type": "file", "path": "a/../../b", "size": 1}),
+    ),
+    refused(
+        CATEGORY,
+        "a hub file with a newline",
+        "not a plain relative path",
+        hub_entry({"type": "file", "path": "x\ny", "size": 1}),
+    ),
+    refused(
+        CATEGORY,
+        "a hub file with an empty component",
+        "not a plain relative path",
+        hub_entry({"type": "file", "path": "a//b", "size": 1}),
+    ),
+    refused(
+        CATEGORY,
+        "a hub file of size -1",
+        "with size -1",
+        hub_entry({"type": "file", "path": "a", "size": -1}),
+    ),
+    refused(
+        CATEGORY,
+        "a hub sha256 that is no hash",
+        "with sha256",
+        hub_entry({"type": "file", "path": "a", "size": 1, "lfs": {"oid": "../x"}}),
+    ),
+    refused(
+        CATEGORY,
+        "a hub oid that is no hash",
+        "with oid",
+        hub_entry({"type": "file", "path": "a", "size": 1, "oid": "x; rm"}),
+    ),
+    fetch(
+        lambda r, o: depot_request(r, o, ["../outside/keep.txt"]),
+        "a depot manifest naming ../outside",
+        "names files outside the model directory",
+    ),
+    fetch(
+        lambda r, o: depot_request(r, o, [str(o / "keep.txt")]),
+        "a depot manifest naming an absolute path",
+        "names files outside the model directory",
+    ),
+    fetch(
+        lambda r, o: hub_request(r, o, files=("../../outside/keep.txt",)),
+        "a hub listing naming ../",
+        "names files outside the model directory",
+    ),
+    fetch(
+        lambda r, o: hub_request(r, o, dest=o),
+        "a destination outside the models root",
+        "is not inside",
+    ),
+    fetch(
+        lambda r, o: hub_request(r, o, dest=r),
+        "the models root itself as destination",
+        "is not inside",
+    ),
+    fetch(
+        lambda r, o: (r.joinpath("link").symlink_to(o), hub_request(r, o, dest=r / "link"))[1],
+        "a destination reached through a symlink leaving the root",
+        "is not inside",
+    ),
+    harmless(
+        CATEGORY,
+        "a depot ref file holding garbage",
+        "read as no copy (None), never a path",
+        ref_garbage,
+    ),
+    harmless(
+        CATEGORY,
+        "a hub's next page on another host",
+        "the listing refuses a next page off the endpoint",
+        next_link_elsewhere,
+    ),
+    harmless(
+        CATEGORY,
+        "repo paths the hub may name",
+        "plain relative paths pass, anything leaving the directory does not",
+        lambda: assert_paths(),
+    ),
 ]
 
 

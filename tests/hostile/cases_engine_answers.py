@@ -39,6 +39,7 @@ MAX_TOKENS = 8
 
 # --- the scripted engine ---------------------------------------------------------------------
 
+
 class Engine:
     """A raw HTTP engine on 127.0.0.1: every request is read (line, headers, body) and recorded
     in .seen, then answered by routes[path](conn, request) writing exactly its bytes."""
@@ -73,14 +74,20 @@ class Engine:
                 data += more
             head, _, body = data.partition(b"\r\n\r\n")
             line, *lines = head.decode("latin-1").split("\r\n")
-            headers = {k.strip().lower(): v.strip()
-                       for k, _, v in (h.partition(":") for h in lines)}
+            headers = {
+                k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)
+            }
             length = int(headers.get("content-length") or 0)
             while len(body) < length:
                 body += conn.recv(65536)
             method, path, _ = line.split(" ", 2)
-            request = SimpleNamespace(method=method, path=path, headers=headers,
-                                      body=json.loads(body) if body else None, engine=self)
+            request = SimpleNamespace(
+                method=method,
+                path=path,
+                headers=headers,
+                body=json.loads(body) if body else None,
+                engine=self,
+            )
             self.seen.append(request)
             self.routes.get(path, not_found)(conn, request)
         except OSError:
@@ -135,8 +142,15 @@ def events(chunks, usage="normal"):
     if usage == "normal":
         usage = {"prompt_tokens": 20, "completion_tokens": len(chunks)}
     if usage is not None:
-        out.append(b"data: " + (usage if isinstance(usage, bytes) else
-                                json.dumps({"choices": [], "usage": usage}).encode()) + b"\n\n")
+        out.append(
+            b"data: "
+            + (
+                usage
+                if isinstance(usage, bytes)
+                else json.dumps({"choices": [], "usage": usage}).encode()
+            )
+            + b"\n\n"
+        )
     return b"".join(out) + b"data: [DONE]\n\n"
 
 
@@ -146,17 +160,26 @@ def token(text="x"):
 
 def stream_of(body_bytes):
     """A chat route streaming exactly these bytes (the connection closes at the end)."""
+
     def route(conn, request):
         head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-        conn.sendall(head.encode() + body_bytes(request) if callable(body_bytes)
-                     else head.encode() + body_bytes)
+        conn.sendall(
+            head.encode() + body_bytes(request)
+            if callable(body_bytes)
+            else head.encode() + body_bytes
+        )
+
     return route
 
 
 def routes(**over):
     base = {"/health": healthy, "/tokenize": tokenize, "/v1/chat/completions": chat_ok}
-    base.update({"/" + k.replace("__", "/").replace("_", "-") if not k.startswith("/") else k: v
-                 for k, v in over.items()})
+    base.update(
+        {
+            "/" + k.replace("__", "/").replace("_", "-") if not k.startswith("/") else k: v
+            for k, v in over.items()
+        }
+    )
     return base
 
 
@@ -182,8 +205,12 @@ def node_bin() -> Path:
 def run_script(name, args, budget):
     """(returncode, stdout, stderr, seconds) of bin/<name> under python -I."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-I", str(node_bin() / name), *args],
-                          capture_output=True, text=True, timeout=budget + 30)
+    done = subprocess.run(
+        [sys.executable, "-I", str(node_bin() / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=budget + 30,
+    )
     seconds = time.monotonic() - started
     return done.returncode, done.stdout, done.stderr, seconds
 
@@ -191,13 +218,24 @@ def run_script(name, args, budget):
 def health_of(engine_routes, timeout=TIMEOUT, check=None):
     """The health check against the scripted engine: its one-line problem (None when it
     passed). It must fail with exit 1, end within its deadline, and say one line per problem."""
+
     def attempt():
         engine = Engine(engine_routes)
         try:
             rc, out, err, seconds = run_script(
-                "servefleet-health", ["--url", engine.url, "--model", "m", "--timeout",
-                                      str(timeout), "--key-file", str(node_bin() / "api-key")],
-                timeout)
+                "servefleet-health",
+                [
+                    "--url",
+                    engine.url,
+                    "--model",
+                    "m",
+                    "--timeout",
+                    str(timeout),
+                    "--key-file",
+                    str(node_bin() / "api-key"),
+                ],
+                timeout,
+            )
         finally:
             engine.close()
         assert seconds < timeout + SLACK, f"the check ran {seconds:.1f} s, deadline {timeout} s"
@@ -206,12 +244,13 @@ def health_of(engine_routes, timeout=TIMEOUT, check=None):
         assert rc == 1, (rc, err[-500:])
         report = json.loads(out.strip().splitlines()[-1])
         lines = [line for line in err.splitlines() if line.startswith("servefleet: health: ")]
-        said = [line[len("servefleet: health: "):] for line in lines]
+        said = [line[len("servefleet: health: ") :] for line in lines]
         assert len(lines) == 1 and report["problems"] == said, err
         assert KEY not in out + err
         if check:
             check(engine, report)
         return err
+
     return attempt
 
 
@@ -220,6 +259,7 @@ def gate_of(chat_route, tokenize_route=tokenize, max_tokens=MAX_TOKENS):
     the bench against the scripted engine: the bench's one line (None when the gate passed).
     The gate must be inconclusive, keep no figures, and each bench run end within its
     deadline."""
+
     def attempt():
         engine = Engine(routes(v1__chat__completions=chat_route, tokenize=tokenize_route))
         runs = []
@@ -227,24 +267,47 @@ def gate_of(chat_route, tokenize_route=tokenize, max_tokens=MAX_TOKENS):
         def bench_on_node(host, n, prompt_tokens, tokens):
             rc, out, err, seconds = run_script(
                 "servefleet-stream-bench",
-                ["--url", engine.url, "--runs", str(n), "--warmup", "0", "--prompt-tokens",
-                 str(prompt_tokens), "--max-tokens", str(tokens), "--timeout", str(TIMEOUT),
-                 "--api-key-file", str(node_bin() / "api-key")], TIMEOUT)
+                [
+                    "--url",
+                    engine.url,
+                    "--runs",
+                    str(n),
+                    "--warmup",
+                    "0",
+                    "--prompt-tokens",
+                    str(prompt_tokens),
+                    "--max-tokens",
+                    str(tokens),
+                    "--timeout",
+                    str(TIMEOUT),
+                    "--api-key-file",
+                    str(node_bin() / "api-key"),
+                ],
+                TIMEOUT,
+            )
             assert seconds < TIMEOUT + SLACK, f"the bench ran {seconds:.1f} s, deadline {TIMEOUT} s"
             assert "Traceback" not in err, err[-800:]
             runs.append((rc, err))
             return bench.read_result(host.name, {}, rc == 0, out, err)
 
-        data = {"perf_gate_runs": 1, "perf_gate_prompt_tokens": 16,
-                "perf_gate_max_tokens": max_tokens, "perf_gate_decode_drop_pct": 10,
-                "perf_gate_ttft_rise_pct": 25, "perf_gate_recheck_pct": 5}
+        data = {
+            "perf_gate_runs": 1,
+            "perf_gate_prompt_tokens": 16,
+            "perf_gate_max_tokens": max_tokens,
+            "perf_gate_decode_drop_pct": 10,
+            "perf_gate_ttft_rise_pct": 25,
+            "perf_gate_recheck_pct": 5,
+        }
         host = SimpleNamespace(name="node-1", data=SimpleNamespace(dict=lambda: data))
         before = perf.Figures(decode_tok_s=40.0, ttft_s=0.2)
         real, perfgate.bench_host = perfgate.bench_host, bench_on_node
         try:
             state, said, after, _ = perfgate.decide(
-                before, perf.Settings.of(data).thresholds,
-                lambda: perfgate.measure(host, "gate", "r-1"), lambda line: None)
+                before,
+                perf.Settings.of(data).thresholds,
+                lambda: perfgate.measure(host, "gate", "r-1"),
+                lambda line: None,
+            )
         finally:
             perfgate.bench_host = real
             engine.close()
@@ -255,19 +318,35 @@ def gate_of(chat_route, tokenize_route=tokenize, max_tokens=MAX_TOKENS):
         assert said.startswith("performance gate inconclusive: the bench failed: "), said
         assert "\n" not in said and KEY not in said
         return said
+
     return attempt
 
 
 def bench_harmless(chat_route, tokenize_route, proof):
     """A bench that must pass (rc 0, both figures) within its deadline; proof(result) checks
     what it says."""
+
     def check():
         engine = Engine(routes(v1__chat__completions=chat_route, tokenize=tokenize_route))
         try:
             rc, out, err, seconds = run_script(
                 "servefleet-stream-bench",
-                ["--url", engine.url, "--runs", "2", "--warmup", "0", "--prompt-tokens", "16",
-                 "--max-tokens", str(MAX_TOKENS), "--timeout", str(TIMEOUT)], TIMEOUT)
+                [
+                    "--url",
+                    engine.url,
+                    "--runs",
+                    "2",
+                    "--warmup",
+                    "0",
+                    "--prompt-tokens",
+                    "16",
+                    "--max-tokens",
+                    str(MAX_TOKENS),
+                    "--timeout",
+                    str(TIMEOUT),
+                ],
+                TIMEOUT,
+            )
         finally:
             engine.close()
         assert rc == 0 and seconds < TIMEOUT + SLACK, (rc, seconds, err[-500:])
@@ -275,10 +354,12 @@ def bench_harmless(chat_route, tokenize_route, proof):
         res = bench.read_result("node-1", {}, True, out, err)
         assert res.ok and res.median_decode_tok_s and res.median_ttft_s, res
         assert proof(result), result
+
     return check
 
 
 # --- hostile answers -------------------------------------------------------------------------
+
 
 def drip_headers(conn, request):
     conn.sendall(b"HTTP/1.1 200 OK\r\n")
@@ -308,8 +389,11 @@ def wrong_type(conn, request):
 
 
 def nan_answer(conn, request):
-    answer(conn, 200, b'{"choices": [{"message": {"content": "hi"}}], "usage": '
-                      b'{"completion_tokens": NaN}}')
+    answer(
+        conn,
+        200,
+        b'{"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": NaN}}',
+    )
 
 
 def redirect_elsewhere(conn, request):
@@ -331,6 +415,7 @@ def health_redirected():
         thief.close()
         chat = [r for r in engine.seen if r.path == "/v1/chat/completions"]
         assert chat and chat[0].headers.get("authorization") == f"Bearer {KEY}"
+
     return health_of(routes(v1__chat__completions=route), check=check)
 
 
@@ -341,13 +426,16 @@ def error_endless(conn, request):
 
 def slow_stream(conn, request):
     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
-    endless(conn, f"data: {json.dumps(token())}\n\n".encode(), every=0.1,
-            stop=request.engine.stopped)
+    endless(
+        conn, f"data: {json.dumps(token())}\n\n".encode(), every=0.1, stop=request.engine.stopped
+    )
 
 
 def long_line(conn, request):
-    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-                 b'data: {"choices": [{"delta": {"content": "')
+    conn.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+        b'data: {"choices": [{"delta": {"content": "'
+    )
     endless(conn, b"a" * 65536, stop=request.engine.stopped)  # a 200 MB line, and more
 
 
@@ -376,77 +464,187 @@ def no_usage_proof():
 
 CASES = [
     # the health check: one deadline for connect, headers and body; 100 header lines
-    refused(CATEGORY, "/health drips its headers one byte a second",
-            "no complete answer within 2 s",
-            health_of(routes(health=drip_headers))),
-    refused(CATEGORY, "/health answers 101 header lines", "more than 100 header lines",
-            health_of(routes(health=many_headers))),
-    refused(CATEGORY, "the chat answer drips its body (held to --timeout, not 300 s)",
-            "chat completion: no complete answer within 2 s",
-            health_of(routes(v1__chat__completions=drip_body))),
-    refused(CATEGORY, "a chat answer without end", "the answer is larger than 1048576 bytes",
-            health_of(routes(v1__chat__completions=endless_body))),
-    refused(CATEGORY, "a chat answer nested 100,000 levels deep", "nests deeper than 64 levels",
-            health_of(routes(v1__chat__completions=deep))),
-    refused(CATEGORY, "a chat answer whose content is a number",
-            "'content': expected a string, got an integer",
-            health_of(routes(v1__chat__completions=wrong_type))),
-    refused(CATEGORY, "a chat answer with NaN in it", "NaN is not a JSON number",
-            health_of(routes(v1__chat__completions=nan_answer))),
-    refused(CATEGORY, "the chat redirected to another origin (the key must not follow)",
-            "HTTP 307 (a redirect to", health_redirected()),
-    refused(CATEGORY, "an error answer without end",
-            "chat completion: HTTP 500 'EEEE",
-            health_of(routes(v1__chat__completions=error_endless))),
+    refused(
+        CATEGORY,
+        "/health drips its headers one byte a second",
+        "no complete answer within 2 s",
+        health_of(routes(health=drip_headers)),
+    ),
+    refused(
+        CATEGORY,
+        "/health answers 101 header lines",
+        "more than 100 header lines",
+        health_of(routes(health=many_headers)),
+    ),
+    refused(
+        CATEGORY,
+        "the chat answer drips its body (held to --timeout, not 300 s)",
+        "chat completion: no complete answer within 2 s",
+        health_of(routes(v1__chat__completions=drip_body)),
+    ),
+    refused(
+        CATEGORY,
+        "a chat answer without end",
+        "the answer is larger than 1048576 bytes",
+        health_of(routes(v1__chat__completions=endless_body)),
+    ),
+    refused(
+        CATEGORY,
+        "a chat answer nested 100,000 levels deep",
+        "nests deeper than 64 levels",
+        health_of(routes(v1__chat__completions=deep)),
+    ),
+    refused(
+        CATEGORY,
+        "a chat answer whose content is a number",
+        "'content': expected a string, got an integer",
+        health_of(routes(v1__chat__completions=wrong_type)),
+    ),
+    refused(
+        CATEGORY,
+        "a chat answer with NaN in it",
+        "NaN is not a JSON number",
+        health_of(routes(v1__chat__completions=nan_answer)),
+    ),
+    refused(
+        CATEGORY,
+        "the chat redirected to another origin (the key must not follow)",
+        "HTTP 307 (a redirect to",
+        health_redirected(),
+    ),
+    refused(
+        CATEGORY,
+        "an error answer without end",
+        "chat completion: HTTP 500 'EEEE",
+        health_of(routes(v1__chat__completions=error_endless)),
+    ),
     # the bench, and through it the performance gate
-    refused(CATEGORY, "an endless event stream, one event every 0.1 s",
-            "no complete answer within 2 s", gate_of(slow_stream)),
-    refused(CATEGORY, "a stream line without end (a 200 MB line)",
-            "a line longer than 1048576 bytes", gate_of(long_line)),
-    refused(CATEGORY, "a stream chunk nested 100,000 levels deep", "nests deeper than 64 levels",
-            gate_of(stream_of(b"data: " + b"[" * 100000 + b"]" * 100000 + b"\n\n"))),
-    refused(CATEGORY, "an error answer to the stream without end", "HTTP 500 'EEEE",
-            gate_of(error_endless)),
-    refused(CATEGORY, "usage with NaN completion tokens", "NaN is not a JSON number",
-            gate_of(usage_of(b'{"choices": [], "usage": {"completion_tokens": NaN}}'))),
-    refused(CATEGORY, "usage with 1e999 completion tokens", "the number 1e999 is out of range",
-            gate_of(usage_of(b'{"choices": [], "usage": {"completion_tokens": 1e999}}'))),
-    refused(CATEGORY, "usage with negative completion tokens",
-            "'completion_tokens': -8 is out of range",
-            gate_of(usage_of({"completion_tokens": -8}))),
-    refused(CATEGORY, "usage claiming more tokens than were asked (a faster decode)",
-            "'completion_tokens': 100000 is out of range (0..8)",
-            gate_of(usage_of({"completion_tokens": 100000}))),
-    refused(CATEGORY, "usage whose completion tokens are true",
-            "'completion_tokens': expected an integer, got a boolean",
-            gate_of(usage_of({"completion_tokens": True}))),
-    refused(CATEGORY, "usage whose completion tokens are 8.0",
-            "'completion_tokens': expected an integer, got a number",
-            gate_of(usage_of({"completion_tokens": 8.0}))),
-    refused(CATEGORY, "no usage in the stream: decode cannot be measured",
-            "not measured: decode: the stream sent no usage", no_usage_proof()),
-    refused(CATEGORY, "usage that is a string", "'usage': expected an object, got a string",
-            gate_of(usage_of(b'{"choices": [], "usage": "lots"}'))),
-    refused(CATEGORY, "a stream chunk that is a list", "a chunk: expected an object, got a list",
-            gate_of(shaped(*[[1, 2]] * MAX_TOKENS))),
-    refused(CATEGORY, "choices that are an object", "'choices': expected a list, got an object",
-            gate_of(shaped(*[{"choices": {"0": {}}}] * MAX_TOKENS))),
-    refused(CATEGORY, "a delta that is a string", "'delta': expected an object, got a string",
-            gate_of(shaped(*[{"choices": [{"delta": "x"}]}] * MAX_TOKENS))),
-    refused(CATEGORY, "a content that is a list", "'content': expected a string, got a list",
-            gate_of(shaped(*[{"choices": [{"delta": {"content": ["x"]}}]}] * MAX_TOKENS))),
-    refused(CATEGORY, "a stream that is not JSON", "the answer is not valid JSON",
-            gate_of(stream_of(b"data: {choices: [}\n\n"))),
-    refused(CATEGORY, "a stream with no content: TTFT cannot be measured",
-            "not measured: TTFT: the stream sent no content",
-            gate_of(stream_of(lambda request: events([], {"completion_tokens": 8})))),
-    harmless(CATEGORY, "a /tokenize answer without end",
-             "cut at 1 MiB; the bench sizes its prompt without it, says why, and measures",
-             bench_harmless(stream_of(good_stream), endless_tokenize,
-                            lambda r: "larger than 1048576 bytes" in r["prompt_sizing"])),
-    harmless(CATEGORY, "a well-behaved engine (the control)",
-             "the bench measures both figures through the same reader",
-             bench_harmless(stream_of(good_stream), tokenize,
-                            lambda r: r["unmeasured"] == [] and
-                            r["prompt_sizing"] == "the server's tokenizer")),
+    refused(
+        CATEGORY,
+        "an endless event stream, one event every 0.1 s",
+        "no complete answer within 2 s",
+        gate_of(slow_stream),
+    ),
+    refused(
+        CATEGORY,
+        "a stream line without end (a 200 MB line)",
+        "a line longer than 1048576 bytes",
+        gate_of(long_line),
+    ),
+    refused(
+        CATEGORY,
+        "a stream chunk nested 100,000 levels deep",
+        "nests deeper than 64 levels",
+        gate_of(stream_of(b"data: " + b"[" * 100000 + b"]" * 100000 + b"\n\n")),
+    ),
+    refused(
+        CATEGORY,
+        "an error answer to the stream without end",
+        "HTTP 500 'EEEE",
+        gate_of(error_endless),
+    ),
+    refused(
+        CATEGORY,
+        "usage with NaN completion tokens",
+        "NaN is not a JSON number",
+        gate_of(usage_of(b'{"choices": [], "usage": {"completion_tokens": NaN}}')),
+    ),
+    refused(
+        CATEGORY,
+        "usage with 1e999 completion tokens",
+        "the number 1e999 is out of range",
+        gate_of(usage_of(b'{"choices": [], "usage": {"completion_tokens": 1e999}}')),
+    ),
+    refused(
+        CATEGORY,
+        "usage with negative completion tokens",
+        "'completion_tokens': -8 is out of range",
+        gate_of(usage_of({"completion_tokens": -8})),
+    ),
+    refused(
+        CATEGORY,
+        "usage claiming more tokens than were asked (a faster decode)",
+        "'completion_tokens': 100000 is out of range (0..8)",
+        gate_of(usage_of({"completion_tokens": 100000})),
+    ),
+    refused(
+        CATEGORY,
+        "usage whose completion tokens are true",
+        "'completion_tokens': expected an integer, got a boolean",
+        gate_of(usage_of({"completion_tokens": True})),
+    ),
+    refused(
+        CATEGORY,
+        "usage whose completion tokens are 8.0",
+        "'completion_tokens': expected an integer, got a number",
+        gate_of(usage_of({"completion_tokens": 8.0})),
+    ),
+    refused(
+        CATEGORY,
+        "no usage in the stream: decode cannot be measured",
+        "not measured: decode: the stream sent no usage",
+        no_usage_proof(),
+    ),
+    refused(
+        CATEGORY,
+        "usage that is a string",
+        "'usage': expected an object, got a string",
+        gate_of(usage_of(b'{"choices": [], "usage": "lots"}')),
+    ),
+    refused(
+        CATEGORY,
+        "a stream chunk that is a list",
+        "a chunk: expected an object, got a list",
+        gate_of(shaped(*[[1, 2]] * MAX_TOKENS)),
+    ),
+    refused(
+        CATEGORY,
+        "choices that are an object",
+        "'choices': expected a list, got an object",
+        gate_of(shaped(*[{"choices": {"0": {}}}] * MAX_TOKENS)),
+    ),
+    refused(
+        CATEGORY,
+        "a delta that is a string",
+        "'delta': expected an object, got a string",
+        gate_of(shaped(*[{"choices": [{"delta": "x"}]}] * MAX_TOKENS)),
+    ),
+    refused(
+        CATEGORY,
+        "a content that is a list",
+        "'content': expected a string, got a list",
+        gate_of(shaped(*[{"choices": [{"delta": {"content": ["x"]}}]}] * MAX_TOKENS)),
+    ),
+    refused(
+        CATEGORY,
+        "a stream that is not JSON",
+        "the answer is not valid JSON",
+        gate_of(stream_of(b"data: {choices: [}\n\n")),
+    ),
+    refused(
+        CATEGORY,
+        "a stream with no content: TTFT cannot be measured",
+        "not measured: TTFT: the stream sent no content",
+        gate_of(stream_of(lambda request: events([], {"completion_tokens": 8}))),
+    ),
+    harmless(
+        CATEGORY,
+        "a /tokenize answer without end",
+        "cut at 1 MiB; the bench sizes its prompt without it, says why, and measures",
+        bench_harmless(
+            stream_of(good_stream),
+            endless_tokenize,
+            lambda r: "larger than 1048576 bytes" in r["prompt_sizing"],
+        ),
+    ),
+    harmless(
+        CATEGORY,
+        "a well-behaved engine (the control)",
+        "the bench measures both figures through the same reader",
+        bench_harmless(
+            stream_of(good_stream),
+            tokenize,
+            lambda r: r["unmeasured"] == [] and r["prompt_sizing"] == "the server's tokenizer",
+        ),
+    ),
 ]

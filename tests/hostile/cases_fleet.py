@@ -65,9 +65,11 @@ def fleet_refusal(content: str | bytes):
         hosts, error = load(content)
         if error is None:
             return None
-        assert "\n" not in error.rstrip("\n") or "Traceback" in error, \
+        assert "\n" not in error.rstrip("\n") or "Traceback" in error, (
             f"refusal is not one line: {error[:800]!r}"
+        )
         return error
+
     return attempt
 
 
@@ -95,28 +97,42 @@ def _limit_memory():
 def child_refusal(write):
     """attempt() in a child process limited to CHILD_TIMEOUT_S and 1 GiB: write(path) builds the
     file; a hang or a blown memory limit is a failure, not a stuck test run."""
+
     def attempt():
         with scratch() as tmp:
             path = tmp / "fleet.yml"
             write(path)
             try:
-                done = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True,
-                                      text=True, timeout=CHILD_TIMEOUT_S, preexec_fn=_limit_memory)
+                done = subprocess.run(
+                    [sys.executable, "-c", _CHILD, str(path)],
+                    capture_output=True,
+                    text=True,
+                    timeout=CHILD_TIMEOUT_S,
+                    preexec_fn=_limit_memory,
+                )
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"load_fleet still running after {CHILD_TIMEOUT_S} s") from None
+                raise AssertionError(
+                    f"load_fleet still running after {CHILD_TIMEOUT_S} s"
+                ) from None
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         assert lines, f"child exited {done.returncode} without a result: {done.stderr[-1500:]}"
         result = json.loads(lines[-1])
         if "accepted" in result:
             return None
         return result.get("refused") or result["traceback"]
+
     return attempt
 
 
 def _alias_bomb(path: Path):
     """Billion laughs: 9**9 leaves behind a host name, ~1 KiB of YAML."""
-    lines = ["hosts:", "  - name: spark-01", "    role: spark", "    data:",
-             '      l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines = [
+        "hosts:",
+        "  - name: spark-01",
+        "    role: spark",
+        "    data:",
+        '      l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
+    ]
     lines += [f"      l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 10)]
     lines += ["  - name: *l9", "    role: spark"]
     path.write_text("\n".join(lines) + "\n")
@@ -145,6 +161,7 @@ def _harmless_same(content: str):
         assert error is None, error
         strip = [(h.name, h.role, h.connection, h.data) for h in clean]
         assert [(h.name, h.role, h.connection, h.data) for h in other] == strip
+
     return check
 
 
@@ -167,107 +184,202 @@ hosts:
 CASES = [
     case("bytes that are not UTF-8", "not UTF-8 (byte 8)", b"hosts: [\xff\xfe]\n"),
     case("duplicate top-level key", "duplicate key 'hosts'", "hosts: []\nhosts: []\n"),
-    case("duplicate key inside an entry", "duplicate key 'role'",
-         "hosts:\n  - name: spark-01\n    role: spark\n    role: depot\n"),
+    case(
+        "duplicate key inside an entry",
+        "duplicate key 'role'",
+        "hosts:\n  - name: spark-01\n    role: spark\n    role: depot\n",
+    ),
     case("empty file", "empty; expected a mapping with a 'hosts' list", ""),
     case("only comments", "empty; expected a mapping", "# fleet\n# nothing yet\n"),
-    case("a YAML list at top level", "top level: expected a mapping with a 'hosts' list",
-         "- name: spark-01\n  role: spark\n"),
-    case("hosts is a mapping", "top level: expected a mapping with a 'hosts' list",
-         "hosts:\n  spark-01: {role: spark}\n"),
-    case("an entry that is a string", "hosts[0]: expected a mapping, got str", "hosts: [spark-01]\n"),
-    case("unknown entry key", "unknown keys ['rol']",
-         "hosts:\n  - name: spark-01\n    rol: spark\n"),
-    case("unknown entry keys of mixed types (1 and null)", "a key of type int: expected a string",
-         _entry(**{"1": "x", "~": "y"})),
-    case("bad role", "'role' = 'gpu': expected one of spark, rtx4090, depot",
-         "hosts:\n  - name: spark-01\n    role: gpu\n"),
-    case("name with spaces", "'name' = 'spark 01': expected a host name",
-         "hosts:\n  - name: spark 01\n    role: spark\n"),
-    case("name with a newline", "'name' = 'spark\\n01': expected a host name",
-         'hosts:\n  - name: "spark\\n01"\n    role: spark\n'),
-    case("name with shell characters", "'name' = 'spark;reboot': expected a host name",
-         "hosts:\n  - name: spark;reboot\n    role: spark\n"),
-    case("name starting with a dash (an ssh option)", "'name' = '-oProxyCommand=x'",
-         "hosts:\n  - name: -oProxyCommand=x\n    role: spark\n"),
-    case("duplicate host names", "hosts[1] (spark-01): duplicate name",
-         "hosts:\n  - {name: spark-01, role: spark}\n  - {name: spark-01, role: depot}\n"),
+    case(
+        "a YAML list at top level",
+        "top level: expected a mapping with a 'hosts' list",
+        "- name: spark-01\n  role: spark\n",
+    ),
+    case(
+        "hosts is a mapping",
+        "top level: expected a mapping with a 'hosts' list",
+        "hosts:\n  spark-01: {role: spark}\n",
+    ),
+    case(
+        "an entry that is a string", "hosts[0]: expected a mapping, got str", "hosts: [spark-01]\n"
+    ),
+    case(
+        "unknown entry key", "unknown keys ['rol']", "hosts:\n  - name: spark-01\n    rol: spark\n"
+    ),
+    case(
+        "unknown entry keys of mixed types (1 and null)",
+        "a key of type int: expected a string",
+        _entry(**{"1": "x", "~": "y"}),
+    ),
+    case(
+        "bad role",
+        "'role' = 'gpu': expected one of spark, rtx4090, depot",
+        "hosts:\n  - name: spark-01\n    role: gpu\n",
+    ),
+    case(
+        "name with spaces",
+        "'name' = 'spark 01': expected a host name",
+        "hosts:\n  - name: spark 01\n    role: spark\n",
+    ),
+    case(
+        "name with a newline",
+        "'name' = 'spark\\n01': expected a host name",
+        'hosts:\n  - name: "spark\\n01"\n    role: spark\n',
+    ),
+    case(
+        "name with shell characters",
+        "'name' = 'spark;reboot': expected a host name",
+        "hosts:\n  - name: spark;reboot\n    role: spark\n",
+    ),
+    case(
+        "name starting with a dash (an ssh option)",
+        "'name' = '-oProxyCommand=x'",
+        "hosts:\n  - name: -oProxyCommand=x\n    role: spark\n",
+    ),
+    case(
+        "duplicate host names",
+        "hosts[1] (spark-01): duplicate name",
+        "hosts:\n  - {name: spark-01, role: spark}\n  - {name: spark-01, role: depot}\n",
+    ),
     case("ssh_port 0", "'ssh_port' = 0: expected 1-65535", _entry(ssh_port=0)),
     case("ssh_port 70000", "'ssh_port' = 70000: expected 1-65535", _entry(ssh_port=70000)),
     case('ssh_port "22" (a string)', "'ssh_port' = '22': expected int", _entry(ssh_port='"22"')),
     case("ssh_port true", "'ssh_port' = True: expected int", _entry(ssh_port="true")),
-    case("ssh_hostname with a space", "expected a value without spaces",
-         _entry(ssh_hostname='"10.0.0.1 -oProxyCommand=x"')),
+    case(
+        "ssh_hostname with a space",
+        "expected a value without spaces",
+        _entry(ssh_hostname='"10.0.0.1 -oProxyCommand=x"'),
+    ),
     case('sudo "yes" (a string)', "'sudo' = 'yes': expected true or false", _entry(sudo='"yes"')),
     case("data a list", "'data' is list: expected a mapping", _entry(data="[model]")),
     case("data false", "'data' is bool: expected a mapping", _entry(data="false")),
     case("data setting ssh_user", "'data' sets ['ssh_user']", _entry(data="{ssh_user: root}")),
     case("data setting _sudo", "'data' sets ['_sudo']", _entry(data="{_sudo: true}")),
-    case("data with a non-string key", "refused at line 4: a key of type int: expected a string key",
-         _entry(data="{1: x}")),
+    case(
+        "data with a non-string key",
+        "refused at line 4: a key of type int: expected a string key",
+        _entry(data="{1: x}"),
+    ),
     case("tabs for indentation", "not valid YAML at line 2", "hosts:\n\t- name: spark-01\n"),
-    case("a !!python/object tag", "could not determine a constructor for the tag "
-         "'tag:yaml.org,2002:python/object/apply:os.system'",
-         "hosts: !!python/object/apply:os.system ['true']\n"),
+    case(
+        "a !!python/object tag",
+        "could not determine a constructor for the tag "
+        "'tag:yaml.org,2002:python/object/apply:os.system'",
+        "hosts: !!python/object/apply:os.system ['true']\n",
+    ),
     case("a NUL byte", "not valid YAML: unacceptable character #x0000", "hosts: []\n\0\n"),
-    refused(CATEGORY, "YAML alias bomb (billion laughs) in a host name",
-            "YAML nodes", child_refusal(_alias_bomb)),
+    refused(
+        CATEGORY,
+        "YAML alias bomb (billion laughs) in a host name",
+        "YAML nodes",
+        child_refusal(_alias_bomb),
+    ),
     refused(CATEGORY, "a 50 MB file", "larger than", child_refusal(_huge_file)),
-    harmless(CATEGORY, "a UTF-8 byte order mark, comments and blank lines",
-             "the hosts are identical to the clean file's",
-             _harmless_same("\ufeff# the fleet\n\n" + CLEAN.replace("\n", "  # note\n\n", 3))),
-    harmless(CATEGORY, "plain anchors and aliases for shared values",
-             "the hosts are identical to the clean file's",
-             _harmless_same(ANCHORED)),
-    case("a null key (~) in data", "a key of type null: expected a string key",
-         _entry(data="{~: x}")),
+    harmless(
+        CATEGORY,
+        "a UTF-8 byte order mark, comments and blank lines",
+        "the hosts are identical to the clean file's",
+        _harmless_same("\ufeff# the fleet\n\n" + CLEAN.replace("\n", "  # note\n\n", 3)),
+    ),
+    harmless(
+        CATEGORY,
+        "plain anchors and aliases for shared values",
+        "the hosts are identical to the clean file's",
+        _harmless_same(ANCHORED),
+    ),
+    case(
+        "a null key (~) in data", "a key of type null: expected a string key", _entry(data="{~: x}")
+    ),
     case("a boolean key (yes:) in an entry", "a key of type bool", _entry(yes="x")),
-    case("a list as the top-level key", "refused at line 1: a key of type seq",
-         "? [hosts]\n: []\n"),
-    case("a mapping as a key in ssh_paramiko_connect_kwargs", "a key of type map",
-         _entry(ssh_paramiko_connect_kwargs="{? {a: 1} : 2}")),
-    case("5,000 nested [ in data (10 KB)", "nested more than 32 levels deep",
-         _entry(data="{x: " + "[" * 5000 + "}")),
-    refused(CATEGORY, "a FIFO named fleet.yml (would wait for a writer)", "is a FIFO",
-            child_refusal(lambda path: os.mkfifo(path))),
-    harmless(CATEGORY, "quoted and !!str-tagged keys, and nesting 20 levels deep in an x- key",
-             "the hosts are identical to the clean file's",
-             _harmless_same('x-deep: ' + "[" * 20 + "]" * 20 + '\n"hosts":\n'
-                            + CLEAN.split("hosts:\n", 1)[1].replace("    role:", "    !!str role:"))),
+    case(
+        "a list as the top-level key", "refused at line 1: a key of type seq", "? [hosts]\n: []\n"
+    ),
+    case(
+        "a mapping as a key in ssh_paramiko_connect_kwargs",
+        "a key of type map",
+        _entry(ssh_paramiko_connect_kwargs="{? {a: 1} : 2}"),
+    ),
+    case(
+        "5,000 nested [ in data (10 KB)",
+        "nested more than 32 levels deep",
+        _entry(data="{x: " + "[" * 5000 + "}"),
+    ),
+    refused(
+        CATEGORY,
+        "a FIFO named fleet.yml (would wait for a writer)",
+        "is a FIFO",
+        child_refusal(lambda path: os.mkfifo(path)),
+    ),
+    harmless(
+        CATEGORY,
+        "quoted and !!str-tagged keys, and nesting 20 levels deep in an x- key",
+        "the hosts are identical to the clean file's",
+        _harmless_same(
+            "x-deep: "
+            + "[" * 20
+            + "]" * 20
+            + '\n"hosts":\n'
+            + CLEAN.split("hosts:\n", 1)[1].replace("    role:", "    !!str role:")
+        ),
+    ),
 ]
 
 
 # Host-key checking switched off, any way at all: every one prints the warning, naming the key.
 def _warns(name: str, data: dict, key: str):
     def check():
-        host = inventory.InventoryHost(name="weak-" + str(abs(hash(name)) % 10**6),
-                                       groups=["depot"], data=data, data_source="fleet.yml")
+        host = inventory.InventoryHost(
+            name="weak-" + str(abs(hash(name)) % 10**6),
+            groups=["depot"],
+            data=data,
+            data_source="fleet.yml",
+        )
         inventory._warned.discard(host.name)
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             inventory._warn_host_keys([host, host])
-        assert err.getvalue().count(f"SSH host-key checking is OFF for {host.name} ({key}") == 1, \
+        assert err.getvalue().count(f"SSH host-key checking is OFF for {host.name} ({key}") == 1, (
             err.getvalue()
+        )
+
     return harmless(CATEGORY, f"host keys: {name}", f"warned once, naming {key}", check)
 
 
 CASES += [
-    _warns("strict checking 'no'", {"ssh_strict_host_key_checking": "no"},
-           "ssh_strict_host_key_checking"),
-    _warns("strict checking 'OFF'", {"ssh_strict_host_key_checking": "OFF"},
-           "ssh_strict_host_key_checking"),
-    _warns("strict checking False", {"ssh_strict_host_key_checking": False},
-           "ssh_strict_host_key_checking"),
-    _warns("strict checking 0", {"ssh_strict_host_key_checking": 0},
-           "ssh_strict_host_key_checking"),
-    _warns("strict checking ''", {"ssh_strict_host_key_checking": ""},
-           "ssh_strict_host_key_checking"),
-    _warns("strict checking ' No '", {"ssh_strict_host_key_checking": " No "},
-           "ssh_strict_host_key_checking"),
+    _warns(
+        "strict checking 'no'",
+        {"ssh_strict_host_key_checking": "no"},
+        "ssh_strict_host_key_checking",
+    ),
+    _warns(
+        "strict checking 'OFF'",
+        {"ssh_strict_host_key_checking": "OFF"},
+        "ssh_strict_host_key_checking",
+    ),
+    _warns(
+        "strict checking False",
+        {"ssh_strict_host_key_checking": False},
+        "ssh_strict_host_key_checking",
+    ),
+    _warns(
+        "strict checking 0", {"ssh_strict_host_key_checking": 0}, "ssh_strict_host_key_checking"
+    ),
+    _warns(
+        "strict checking ''", {"ssh_strict_host_key_checking": ""}, "ssh_strict_host_key_checking"
+    ),
+    _warns(
+        "strict checking ' No '",
+        {"ssh_strict_host_key_checking": " No "},
+        "ssh_strict_host_key_checking",
+    ),
     _warns("known_hosts /dev/null", {"ssh_known_hosts_file": "/dev/null"}, "ssh_known_hosts_file"),
     _warns("known_hosts /dev/zero", {"ssh_known_hosts_file": "/dev/zero"}, "ssh_known_hosts_file"),
-    _warns("known_hosts /proc/self/fd/0", {"ssh_known_hosts_file": "/proc/self/fd/0"},
-           "ssh_known_hosts_file"),
+    _warns(
+        "known_hosts /proc/self/fd/0",
+        {"ssh_known_hosts_file": "/proc/self/fd/0"},
+        "ssh_known_hosts_file",
+    ),
     _warns("known_hosts a directory", {"ssh_known_hosts_file": "/etc"}, "ssh_known_hosts_file"),
     _warns("known_hosts ''", {"ssh_known_hosts_file": ""}, "ssh_known_hosts_file"),
 ]

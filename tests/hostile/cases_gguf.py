@@ -29,6 +29,7 @@ TIMEOUT_S = 20
 
 # --- running the CLI in-process -------------------------------------------------------------------
 
+
 class _Hung(BaseException):
     """Raised by the alarm: a BaseException, so no `except Exception` under test swallows it."""
 
@@ -120,21 +121,39 @@ def kv_u32(key, value: int) -> bytes:
 
 
 def tensor_info(name: str | bytes, dims, ggml_type: int = GGML_F32, offset: int = 0) -> bytes:
-    return (gstr(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
-            + struct.pack("<I", ggml_type) + struct.pack("<Q", offset))
+    return (
+        gstr(name)
+        + struct.pack("<I", len(dims))
+        + b"".join(struct.pack("<Q", d) for d in dims)
+        + struct.pack("<I", ggml_type)
+        + struct.pack("<Q", offset)
+    )
 
 
-BLOCKS = (tensor_info("blk.0.attn_norm.weight", [4], offset=0),
-          tensor_info("blk.1.attn_norm.weight", [4], offset=32))
+BLOCKS = (
+    tensor_info("blk.0.attn_norm.weight", [4], offset=0),
+    tensor_info("blk.1.attn_norm.weight", [4], offset=32),
+)
 BASE_KVS = (kv_str("general.architecture", "llama"), kv_u32("llama.block_count", 2))
 
 
-def gguf_bytes(kvs=BASE_KVS, tensors=BLOCKS, *, version: int = 3, tensor_count=None,
-               kv_count=None, data: bytes = bytes(48), alignment: int = 32) -> bytes:
+def gguf_bytes(
+    kvs=BASE_KVS,
+    tensors=BLOCKS,
+    *,
+    version: int = 3,
+    tensor_count=None,
+    kv_count=None,
+    data: bytes = bytes(48),
+    alignment: int = 32,
+) -> bytes:
     """A GGUF: header, key/values, tensor infos, padding, data. Counts default to the real ones."""
-    head = (b"GGUF" + struct.pack("<I", version)
-            + struct.pack("<Q", len(tensors) if tensor_count is None else tensor_count)
-            + struct.pack("<Q", len(kvs) if kv_count is None else kv_count))
+    head = (
+        b"GGUF"
+        + struct.pack("<I", version)
+        + struct.pack("<Q", len(tensors) if tensor_count is None else tensor_count)
+        + struct.pack("<Q", len(kvs) if kv_count is None else kv_count)
+    )
     body = head + b"".join(kvs) + b"".join(tensors)
     return body + bytes(-len(body) % alignment) + data
 
@@ -159,6 +178,7 @@ def inspect_bytes(content: bytes, file_name: str = "model.gguf", sparse_to: int 
     def attempt():
         with scratch() as tmp:
             return cli_refusal("inspect", _write(tmp, file_name, content, sparse_to), "--json")
+
     return attempt
 
 
@@ -181,14 +201,25 @@ def _clean_json(content: bytes) -> dict:
 
 def _harmless_extra_keys():
     vocab = 20_000
-    extra = (kv("tokenizer.ggml.tokens", ARRAY,
-                struct.pack("<IQ", STRING, vocab) + b"".join(gstr(f"t{i}") for i in range(vocab)))
-             + kv("tokenizer.ggml.scores", ARRAY,
-                  struct.pack("<IQ", F32, vocab) + bytes(4 * vocab))
-             + kv_str("some.unknown.key", "x" * 10_000) + kv_u32("general.alignment", 32))
+    extra = (
+        kv(
+            "tokenizer.ggml.tokens",
+            ARRAY,
+            struct.pack("<IQ", STRING, vocab) + b"".join(gstr(f"t{i}") for i in range(vocab)),
+        )
+        + kv("tokenizer.ggml.scores", ARRAY, struct.pack("<IQ", F32, vocab) + bytes(4 * vocab))
+        + kv_str("some.unknown.key", "x" * 10_000)
+        + kv_u32("general.alignment", 32)
+    )
     clean = _clean_json(gguf_bytes())
-    assert clean == {"arch": "llama", "block_count": 2, "highest_block": 1,
-                     "nextn_predict_layers": None, "defect": None, "override_kv": []}, clean
+    assert clean == {
+        "arch": "llama",
+        "block_count": 2,
+        "highest_block": 1,
+        "nextn_predict_layers": None,
+        "defect": None,
+        "override_kv": [],
+    }, clean
     busy = _clean_json(gguf_bytes(kvs=BASE_KVS + (extra,), kv_count=len(BASE_KVS) + 4))
     assert busy == clean, (busy, clean)
 
@@ -215,8 +246,11 @@ def _split_dir(tmp: Path, second: bytes | None = None) -> Path:
     return model
 
 
-SHARD_2 = gguf_bytes(kvs=(kv("split.no", U16, struct.pack("<H", 1)),),
-                     tensors=(tensor_info("blk.1.attn_norm.weight", [4]),), data=bytes(32))
+SHARD_2 = gguf_bytes(
+    kvs=(kv("split.no", U16, struct.pack("<H", 1)),),
+    tensors=(tensor_info("blk.1.attn_norm.weight", [4]),),
+    data=bytes(32),
+)
 
 
 def _shard_linked_out():
@@ -265,8 +299,12 @@ def _lint_flag_bounded():
     """A lint (run as the service user) printing a count no model has is not passed on to
     llama-server: the operator side reads it as an error."""
     assert parse_lint(["ok llama.block_count=int:4"]).flag == "llama.block_count=int:4"
-    for flag in ("llama.block_count=int:" + "1" * 55, "llama.block_count=int:-1",
-                 "llama.block_count=str:x", "llama.block_count=int:007"):
+    for flag in (
+        "llama.block_count=int:" + "1" * 55,
+        "llama.block_count=int:-1",
+        "llama.block_count=str:x",
+        "llama.block_count=int:007",
+    ):
         assert parse_lint([f"ok {flag}"]).state == "error", flag
 
 
@@ -283,82 +321,210 @@ CASES = [
     case("tensor_count of 2**62", f"tensor_count {HUGE}", gguf_bytes(tensor_count=HUGE)),
     case("kv_count of 2**62", f"kv_count {HUGE}", gguf_bytes(kv_count=HUGE)),
     case("kv_count of 2**64-1", f"kv_count {(1 << 64) - 1}", gguf_bytes(kv_count=(1 << 64) - 1)),
-    case("kv_count far above any model, in a 64 MiB sparse file", "kv_count 1000000",
-         gguf_bytes(kv_count=1_000_000), sparse_to=64 << 20),
-    case("key length of 2**40", "key 0 is 1099511627776 bytes long",
-         b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1 << 40) + b"x" * 16),
-    case("string value length of 2**40", "is 1099511627776 bytes long",
-         gguf_bytes(kvs=(kv("general.architecture", STRING, struct.pack("<Q", 1 << 40) + b"llama"),))),
-    case("string value of 100 MiB in a small file", "only",
-         gguf_bytes(kvs=(kv("general.architecture", STRING, struct.pack("<Q", 100 << 20) + b"llama"),))),
-    case("array of 2**62 uint32", f"claims {HUGE} items of uint32",
-         gguf_bytes(kvs=(ARCH, COUNT, kv("x.arr", ARRAY, struct.pack("<IQ", U32, HUGE))))),
-    case("array of 2**40 strings", "claims 1099511627776 items of string",
-         gguf_bytes(kvs=(ARCH, COUNT, kv("x.arr", ARRAY, struct.pack("<IQ", STRING, 1 << 40))))),
-    case("string array item of length 2**40", "item 0 of array 'x.arr' is 1099511627776 bytes long",
-         gguf_bytes(kvs=(ARCH, COUNT, kv("x.arr", ARRAY, struct.pack("<IQQ", STRING, 2, 1 << 40))))),
-    case("10 million array items in a 64 MiB sparse file", "more than the 2097152 allowed",
-         gguf_bytes(kvs=(ARCH, COUNT, kv("x.arr", ARRAY, struct.pack("<IQ", U8, 10_000_000)))),
-         sparse_to=64 << 20),
-    case("array of arrays", "an array of arrays",
-         gguf_bytes(kvs=(ARCH, COUNT, kv("x.arr", ARRAY, struct.pack("<IQ", ARRAY, 1)
-                                          + struct.pack("<IQ", ARRAY, 1) * 50)))),
-    case("unknown value type 99", "unknown value type 99",
-         gguf_bytes(kvs=(ARCH, COUNT, kv("x.odd", 99, b"\0" * 8)))),
-    case("duplicate metadata key", "duplicate key 'general.architecture'",
-         gguf_bytes(kvs=(ARCH, COUNT, ARCH))),
-    case("key that is not UTF-8", "is not UTF-8", gguf_bytes(kvs=(ARCH, COUNT, kv_u32(b"x.\xff\xfe", 1)))),
-    case("architecture stored as uint32", "general.architecture is uint32: expected a string",
-         gguf_bytes(kvs=(kv_u32("general.architecture", 7), COUNT))),
-    case("architecture that would inject into --override-kv",
-         "general.architecture = 'llama.block_count=int:9,x': expected an architecture name",
-         gguf_bytes(kvs=(kv_str("general.architecture", "llama.block_count=int:9,x"), COUNT))),
-    case("architecture of 1 MiB", "expected an architecture name",
-         gguf_bytes(kvs=(kv_str("general.architecture", "a" * (1 << 20)), COUNT))),
+    case(
+        "kv_count far above any model, in a 64 MiB sparse file",
+        "kv_count 1000000",
+        gguf_bytes(kv_count=1_000_000),
+        sparse_to=64 << 20,
+    ),
+    case(
+        "key length of 2**40",
+        "key 0 is 1099511627776 bytes long",
+        b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1 << 40) + b"x" * 16,
+    ),
+    case(
+        "string value length of 2**40",
+        "is 1099511627776 bytes long",
+        gguf_bytes(
+            kvs=(kv("general.architecture", STRING, struct.pack("<Q", 1 << 40) + b"llama"),)
+        ),
+    ),
+    case(
+        "string value of 100 MiB in a small file",
+        "only",
+        gguf_bytes(
+            kvs=(kv("general.architecture", STRING, struct.pack("<Q", 100 << 20) + b"llama"),)
+        ),
+    ),
+    case(
+        "array of 2**62 uint32",
+        f"claims {HUGE} items of uint32",
+        gguf_bytes(kvs=(ARCH, COUNT, kv("x.arr", ARRAY, struct.pack("<IQ", U32, HUGE)))),
+    ),
+    case(
+        "array of 2**40 strings",
+        "claims 1099511627776 items of string",
+        gguf_bytes(kvs=(ARCH, COUNT, kv("x.arr", ARRAY, struct.pack("<IQ", STRING, 1 << 40)))),
+    ),
+    case(
+        "string array item of length 2**40",
+        "item 0 of array 'x.arr' is 1099511627776 bytes long",
+        gguf_bytes(kvs=(ARCH, COUNT, kv("x.arr", ARRAY, struct.pack("<IQQ", STRING, 2, 1 << 40)))),
+    ),
+    case(
+        "10 million array items in a 64 MiB sparse file",
+        "more than the 2097152 allowed",
+        gguf_bytes(kvs=(ARCH, COUNT, kv("x.arr", ARRAY, struct.pack("<IQ", U8, 10_000_000)))),
+        sparse_to=64 << 20,
+    ),
+    case(
+        "array of arrays",
+        "an array of arrays",
+        gguf_bytes(
+            kvs=(
+                ARCH,
+                COUNT,
+                kv(
+                    "x.arr", ARRAY, struct.pack("<IQ", ARRAY, 1) + struct.pack("<IQ", ARRAY, 1) * 50
+                ),
+            )
+        ),
+    ),
+    case(
+        "unknown value type 99",
+        "unknown value type 99",
+        gguf_bytes(kvs=(ARCH, COUNT, kv("x.odd", 99, b"\0" * 8))),
+    ),
+    case(
+        "duplicate metadata key",
+        "duplicate key 'general.architecture'",
+        gguf_bytes(kvs=(ARCH, COUNT, ARCH)),
+    ),
+    case(
+        "key that is not UTF-8",
+        "is not UTF-8",
+        gguf_bytes(kvs=(ARCH, COUNT, kv_u32(b"x.\xff\xfe", 1))),
+    ),
+    case(
+        "architecture stored as uint32",
+        "general.architecture is uint32: expected a string",
+        gguf_bytes(kvs=(kv_u32("general.architecture", 7), COUNT)),
+    ),
+    case(
+        "architecture that would inject into --override-kv",
+        "general.architecture = 'llama.block_count=int:9,x': expected an architecture name",
+        gguf_bytes(kvs=(kv_str("general.architecture", "llama.block_count=int:9,x"), COUNT)),
+    ),
+    case(
+        "architecture of 1 MiB",
+        "expected an architecture name",
+        gguf_bytes(kvs=(kv_str("general.architecture", "a" * (1 << 20)), COUNT)),
+    ),
     case("no architecture key", "no general.architecture key", gguf_bytes(kvs=(COUNT,))),
-    case("block_count stored as a string", "llama.block_count is string: expected an integer",
-         gguf_bytes(kvs=(ARCH, kv_str("llama.block_count", "2")))),
-    case("block_count stored as an array", "llama.block_count is array/uint32: expected an integer",
-         gguf_bytes(kvs=(ARCH, kv("llama.block_count", ARRAY, struct.pack("<IQII", U32, 2, 1, 2))))),
-    case("negative block_count", "llama.block_count = -1",
-         gguf_bytes(kvs=(ARCH, kv("llama.block_count", I32, struct.pack("<i", -1))))),
-    case("alignment of 0", "general.alignment = 0: expected a power of two",
-         gguf_bytes(kvs=(ARCH, COUNT, kv_u32("general.alignment", 0)))),
-    case("alignment stored as a string", "general.alignment is string: expected uint32",
-         gguf_bytes(kvs=(ARCH, COUNT, kv_str("general.alignment", "32")))),
-    case("tensor with 99 dimensions", "has 99 dimensions",
-         gguf_bytes(tensors=(tensor_info("blk.0.attn_norm.weight", [1] * 99),))),
-    case("tensor of unknown type 999", "has unknown type 999",
-         gguf_bytes(tensors=(tensor_info("blk.0.attn_norm.weight", [4], ggml_type=999),))),
-    case("tensor whose element count overflows", "not a valid F32 shape",
-         gguf_bytes(tensors=(tensor_info("blk.0.attn_norm.weight", [1 << 40, 1 << 40]),))),
-    case("tensor data offset 2**40 past a small file", "runs past the end of the file",
-         gguf_bytes(tensors=(tensor_info("blk.0.attn_norm.weight", [4], offset=1 << 40),))),
-    case("tensor name of 1000 bytes", "is 1000 bytes: llama.cpp allows 63",
-         gguf_bytes(tensors=(tensor_info("blk.0." + "x" * 994, [4]),))),
-    case("duplicate tensor names", "duplicate tensor name 'blk.0.attn_norm.weight'",
-         gguf_bytes(tensors=(BLOCKS[0], tensor_info("blk.0.attn_norm.weight", [4], offset=32)))),
-    case("split.count of 2**31 in a 2-shard file name", "split.count = 2147483648 but the file name says 2",
-         gguf_bytes(kvs=(ARCH, COUNT, kv("split.count", U64, struct.pack("<Q", 1 << 31)))),
-         file_name="model-00001-of-00002.gguf"),
-    refused(CATEGORY, "a FIFO named model.gguf (would block a plain open)", "not a regular file", _fifo),
-    case("a 55-digit blk.N (the override would pass it on)", "names block '1111",
-         gguf_bytes(tensors=(BLOCKS[0], tensor_info("blk." + "1" * 55 + ".w", [4], offset=32)))),
-    case("blk.65536, past any model", "more than the 65536 blocks any model has",
-         gguf_bytes(tensors=(BLOCKS[0], tensor_info("blk.65536.w", [4], offset=32)))),
-    refused(CATEGORY, "a split shard linked out of the model's directory",
-            "a symlink leading out of the model's directory", _shard_linked_out),
-    refused(CATEGORY, "a later shard given, the first linked out of the directory",
-            "a symlink leading out of the model's directory", _later_shard_given_first_linked_out),
-    refused(CATEGORY, "a split shard linked to a FIFO in the directory", "not a regular file",
-            _shard_linked_to_fifo),
-    harmless(CATEGORY, "split shards linked inside the directory or a hub cache's blobs/",
-             "followed: the lint JSON is the plain split's", _harmless_shard_links_inside),
-    harmless(CATEGORY, "a lint printing a 55-digit block_count", "read as an error, no flag",
-             _lint_flag_bounded),
-    harmless(CATEGORY, "a 20k-token vocabulary, unknown keys and an explicit alignment",
-             "the lint JSON is identical to the clean file's", _harmless_extra_keys),
-    harmless(CATEGORY, "a blk tensor numbered with a non-ASCII digit",
-             "not counted as a block: the lint JSON is identical to the clean file's",
-             _harmless_unicode_digit_block),
+    case(
+        "block_count stored as a string",
+        "llama.block_count is string: expected an integer",
+        gguf_bytes(kvs=(ARCH, kv_str("llama.block_count", "2"))),
+    ),
+    case(
+        "block_count stored as an array",
+        "llama.block_count is array/uint32: expected an integer",
+        gguf_bytes(kvs=(ARCH, kv("llama.block_count", ARRAY, struct.pack("<IQII", U32, 2, 1, 2)))),
+    ),
+    case(
+        "negative block_count",
+        "llama.block_count = -1",
+        gguf_bytes(kvs=(ARCH, kv("llama.block_count", I32, struct.pack("<i", -1)))),
+    ),
+    case(
+        "alignment of 0",
+        "general.alignment = 0: expected a power of two",
+        gguf_bytes(kvs=(ARCH, COUNT, kv_u32("general.alignment", 0))),
+    ),
+    case(
+        "alignment stored as a string",
+        "general.alignment is string: expected uint32",
+        gguf_bytes(kvs=(ARCH, COUNT, kv_str("general.alignment", "32"))),
+    ),
+    case(
+        "tensor with 99 dimensions",
+        "has 99 dimensions",
+        gguf_bytes(tensors=(tensor_info("blk.0.attn_norm.weight", [1] * 99),)),
+    ),
+    case(
+        "tensor of unknown type 999",
+        "has unknown type 999",
+        gguf_bytes(tensors=(tensor_info("blk.0.attn_norm.weight", [4], ggml_type=999),)),
+    ),
+    case(
+        "tensor whose element count overflows",
+        "not a valid F32 shape",
+        gguf_bytes(tensors=(tensor_info("blk.0.attn_norm.weight", [1 << 40, 1 << 40]),)),
+    ),
+    case(
+        "tensor data offset 2**40 past a small file",
+        "runs past the end of the file",
+        gguf_bytes(tensors=(tensor_info("blk.0.attn_norm.weight", [4], offset=1 << 40),)),
+    ),
+    case(
+        "tensor name of 1000 bytes",
+        "is 1000 bytes: llama.cpp allows 63",
+        gguf_bytes(tensors=(tensor_info("blk.0." + "x" * 994, [4]),)),
+    ),
+    case(
+        "duplicate tensor names",
+        "duplicate tensor name 'blk.0.attn_norm.weight'",
+        gguf_bytes(tensors=(BLOCKS[0], tensor_info("blk.0.attn_norm.weight", [4], offset=32))),
+    ),
+    case(
+        "split.count of 2**31 in a 2-shard file name",
+        "split.count = 2147483648 but the file name says 2",
+        gguf_bytes(kvs=(ARCH, COUNT, kv("split.count", U64, struct.pack("<Q", 1 << 31)))),
+        file_name="model-00001-of-00002.gguf",
+    ),
+    refused(
+        CATEGORY, "a FIFO named model.gguf (would block a plain open)", "not a regular file", _fifo
+    ),
+    case(
+        "a 55-digit blk.N (the override would pass it on)",
+        "names block '1111",
+        gguf_bytes(tensors=(BLOCKS[0], tensor_info("blk." + "1" * 55 + ".w", [4], offset=32))),
+    ),
+    case(
+        "blk.65536, past any model",
+        "more than the 65536 blocks any model has",
+        gguf_bytes(tensors=(BLOCKS[0], tensor_info("blk.65536.w", [4], offset=32))),
+    ),
+    refused(
+        CATEGORY,
+        "a split shard linked out of the model's directory",
+        "a symlink leading out of the model's directory",
+        _shard_linked_out,
+    ),
+    refused(
+        CATEGORY,
+        "a later shard given, the first linked out of the directory",
+        "a symlink leading out of the model's directory",
+        _later_shard_given_first_linked_out,
+    ),
+    refused(
+        CATEGORY,
+        "a split shard linked to a FIFO in the directory",
+        "not a regular file",
+        _shard_linked_to_fifo,
+    ),
+    harmless(
+        CATEGORY,
+        "split shards linked inside the directory or a hub cache's blobs/",
+        "followed: the lint JSON is the plain split's",
+        _harmless_shard_links_inside,
+    ),
+    harmless(
+        CATEGORY,
+        "a lint printing a 55-digit block_count",
+        "read as an error, no flag",
+        _lint_flag_bounded,
+    ),
+    harmless(
+        CATEGORY,
+        "a 20k-token vocabulary, unknown keys and an explicit alignment",
+        "the lint JSON is identical to the clean file's",
+        _harmless_extra_keys,
+    ),
+    harmless(
+        CATEGORY,
+        "a blk tensor numbered with a non-ASCII digit",
+        "not counted as a block: the lint JSON is identical to the clean file's",
+        _harmless_unicode_digit_block,
+    ),
 ]

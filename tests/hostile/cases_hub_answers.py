@@ -35,8 +35,9 @@ def serve(script):
     """A server running `script` for each request; returns (base URL, server)."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     server.script, server.seen, server.daemon_threads = script, [], True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                     daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     return f"http://127.0.0.1:{server.server_address[1]}", server
 
 
@@ -51,6 +52,7 @@ def send(h, status=200, body=b"", headers=()):
 
 def attempt(script, revision="main", check_server=None):
     """Run hub_commit against the scripted hub; the one-line error, or None when accepted."""
+
     def run():
         base, server = serve(script)
         started = time.monotonic()
@@ -68,24 +70,31 @@ def attempt(script, revision="main", check_server=None):
             server.shutdown()
             server.server_close()
         return None
+
     return run
 
 
 def json_answer(doc, link=None):
     def script(h):
-        send(h, body=json.dumps(doc).encode() if not isinstance(doc, bytes) else doc,
-             headers=[("Link", link)] if link else [])
+        send(
+            h,
+            body=json.dumps(doc).encode() if not isinstance(doc, bytes) else doc,
+            headers=[("Link", link)] if link else [],
+        )
+
     return script
 
 
 def tree_then(doc, link_of=None):
     """revision -> SHA, then the tree answers `doc` (with a Link header from link_of(path))."""
+
     def script(h):
         if "/revision/" in h.path:
             send(h, body=json.dumps({"sha": SHA}).encode())
         else:
             link = link_of(h) if link_of else None
             send(h, body=json.dumps(doc).encode(), headers=[("Link", link)] if link else [])
+
     return script
 
 
@@ -138,28 +147,62 @@ CASES = [
     case("sha is a list", "has no commit sha", json_answer({"sha": [SHA]})),
     case("sha is NaN", "is not JSON (NaN is not JSON)", json_answer(b'{"sha": NaN}')),
     case("the answer is a string", "has no commit sha", json_answer("main")),
-    case("10,000 levels of nesting", "nested too deep",
-         json_answer(b"[" * 10000 + b"]" * 10000)),
-    case("a redirect to another origin", "redirected to another origin",
-         _redirect_elsewhere, check_server=_no_token_elsewhere),
+    case("10,000 levels of nesting", "nested too deep", json_answer(b"[" * 10000 + b"]" * 10000)),
+    case(
+        "a redirect to another origin",
+        "redirected to another origin",
+        _redirect_elsewhere,
+        check_server=_no_token_elsewhere,
+    ),
     case("a body that drips one byte at a time", "took longer than", _drip),
     case("a 70 MB answer", "larger than", _huge),
-    case("a next page that is itself", "pages in a loop",
-         tree_then([], link_of=lambda h: f'<http://{h.headers["Host"]}{h.path}>; rel="next"'),
-         revision=SHA),
-    case("a next page on another host", "is not on",
-         tree_then([], link_of=lambda h: '<http://evil.example/x>; rel="next"'), revision=SHA),
+    case(
+        "a next page that is itself",
+        "pages in a loop",
+        tree_then([], link_of=lambda h: f'<http://{h.headers["Host"]}{h.path}>; rel="next"'),
+        revision=SHA,
+    ),
+    case(
+        "a next page on another host",
+        "is not on",
+        tree_then([], link_of=lambda h: '<http://evil.example/x>; rel="next"'),
+        revision=SHA,
+    ),
     case("a file list that is a dict", "is not a list", tree_then({"a": 1}), revision=SHA),
-    case("a file with a path out of the directory", "not a plain relative path",
-         tree_then([{"type": "file", "path": "../../etc/passwd", "size": 1}]), revision=SHA),
-    case("a file with a size of true", "with size True",
-         tree_then([{"type": "file", "path": "a.json", "size": True}]), revision=SHA),
-    case("a file with a 5,000-character path", "not a plain relative path",
-         tree_then([{"type": "file", "path": "a" * 5000, "size": 1}]), revision=SHA),
-    case("a file 40 directories deep", "not a plain relative path",
-         tree_then([{"type": "file", "path": "d/" * 40 + "a.json", "size": 1}]), revision=SHA),
-    case("a file with a 255-character name", "not a plain relative path",
-         tree_then([{"type": "file", "path": "x/" + "n" * 255, "size": 1}]), revision=SHA),
-    case("a file with a numeric oid", "with oid '5'",
-         tree_then([{"type": "file", "path": "a.json", "size": 1, "oid": 5}]), revision=SHA),
+    case(
+        "a file with a path out of the directory",
+        "not a plain relative path",
+        tree_then([{"type": "file", "path": "../../etc/passwd", "size": 1}]),
+        revision=SHA,
+    ),
+    case(
+        "a file with a size of true",
+        "with size True",
+        tree_then([{"type": "file", "path": "a.json", "size": True}]),
+        revision=SHA,
+    ),
+    case(
+        "a file with a 5,000-character path",
+        "not a plain relative path",
+        tree_then([{"type": "file", "path": "a" * 5000, "size": 1}]),
+        revision=SHA,
+    ),
+    case(
+        "a file 40 directories deep",
+        "not a plain relative path",
+        tree_then([{"type": "file", "path": "d/" * 40 + "a.json", "size": 1}]),
+        revision=SHA,
+    ),
+    case(
+        "a file with a 255-character name",
+        "not a plain relative path",
+        tree_then([{"type": "file", "path": "x/" + "n" * 255, "size": 1}]),
+        revision=SHA,
+    ),
+    case(
+        "a file with a numeric oid",
+        "with oid '5'",
+        tree_then([{"type": "file", "path": "a.json", "size": 1, "oid": 5}]),
+        revision=SHA,
+    ),
 ]

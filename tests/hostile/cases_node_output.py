@@ -40,6 +40,7 @@ def model_dir(tmp: str, names: dict[bytes, bytes], listed: dict[str, int]):
 
 def listing_case(name: bytes, shown: str):
     """A planted file next to a listed one: never verified, named whole on one line."""
+
     def check():
         with tempfile.TemporaryDirectory() as tmp:
             args = model_dir(tmp, {b"config.json": b"{}", name: b"x"}, {"config.json": 2})
@@ -48,14 +49,16 @@ def listing_case(name: bytes, shown: str):
             reason = models.invalid_record_reason(*raw)
             assert reason == f"not part of the model: {shown}", reason
             assert "\n" not in reason and "\r" not in reason
+
     return harmless(CATEGORY, f"a planted name {name!r}", f"named as {shown}", check)
 
 
 def forged_line():
     # The name forges a listing line that would make the listed file look present.
     with tempfile.TemporaryDirectory() as tmp:
-        args = model_dir(tmp, {b"config.json\n2 w.safetensors": b"x"},
-                         {"config.json": 2, "w.safetensors": 2})
+        args = model_dir(
+            tmp, {b"config.json\n2 w.safetensors": b"x"}, {"config.json": 2, "w.safetensors": 2}
+        )
         raw = ModelRecordFiles().process(shell(ModelRecordFiles().command(**args)))
         assert VerifiedModel().process(shell(VerifiedModel().command(**args))) is None
         assert "missing: config.json, w.safetensors" in models.invalid_record_reason(*raw)
@@ -64,8 +67,11 @@ def forged_line():
 def verified_as_is():
     # The control: an intact directory is verified through the same encoding.
     with tempfile.TemporaryDirectory() as tmp:
-        args = model_dir(tmp, {b"config.json": b"{}", b"w/x y.safetensors": b"abc"},
-                         {"config.json": 2, "w/x y.safetensors": 3})
+        args = model_dir(
+            tmp,
+            {b"config.json": b"{}", b"w/x y.safetensors": b"abc"},
+            {"config.json": 2, "w/x y.safetensors": 3},
+        )
         assert VerifiedModel().process(shell(VerifiedModel().command(**args))) is not None
 
 
@@ -76,6 +82,7 @@ def file_read(body: bytes):
             path.write_bytes(body)
             got = ModelFile().process(shell(ModelFile().command(str(path), "root", 1024)))
             return got[0]
+
     return attempt
 
 
@@ -97,21 +104,31 @@ def dir_entries():
 
 def fetcher_one_line():
     fetcher = str(REPO / "files/model/fetch_model.py")
-    out = subprocess.run(["python3", "-c", "import sys, importlib.util as u; "
-                          f"s = u.spec_from_file_location('f', {fetcher!r}); "
-                          "m = u.module_from_spec(s); s.loader.exec_module(m); "
-                          "m.log('removing ' + b'x\\xff\\ny'.decode('utf-8', 'surrogateescape'))"],
-                         capture_output=True, timeout=30)
+    out = subprocess.run(
+        [
+            "python3",
+            "-c",
+            "import sys, importlib.util as u; "
+            f"s = u.spec_from_file_location('f', {fetcher!r}); "
+            "m = u.module_from_spec(s); s.loader.exec_module(m); "
+            "m.log('removing ' + b'x\\xff\\ny'.decode('utf-8', 'surrogateescape'))",
+        ],
+        capture_output=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.decode("utf-8") == "servefleet: removing x\\xff\\ny\n", out.stdout
 
 
 def cut_short():
-    lines = shell(ModelRecordFiles().command(**model_dir(tempfile.mkdtemp(), {b"a": b"x"},
-                                                         {"a": 1})))
+    lines = shell(
+        ModelRecordFiles().command(**model_dir(tempfile.mkdtemp(), {b"a": b"x"}, {"a": 1}))
+    )
     lines[-1] = lines[-1][:-2] + "!"
-    assert models.invalid_record_reason(*ModelRecordFiles().process(lines)) == \
-        models.LISTING_UNREADABLE
+    assert (
+        models.invalid_record_reason(*ModelRecordFiles().process(lines))
+        == models.LISTING_UNREADABLE
+    )
 
 
 def _cases():
@@ -124,17 +141,28 @@ def _cases():
         listing_case("sep\u2028line.py".encode(), "sep\\u2028line.py"),
         listing_case("nel\u0085.py".encode(), "nel\\x85.py"),
         listing_case(b"sub/dir/\xfe.bin", "sub/dir/\\xfe.bin"),
-        harmless(CATEGORY, "a name forging a listing line", "the forged file is missing",
-                 forged_line),
+        harmless(
+            CATEGORY, "a name forging a listing line", "the forged file is missing", forged_line
+        ),
         harmless(CATEGORY, "an intact directory (control)", "verified", verified_as_is),
-        refused(CATEGORY, "a config.json that is not UTF-8", "not UTF-8 text",
-                file_read(b'{"a": "\xff"}')),
-        harmless(CATEGORY, "a config.json with CR, U+2028 and blank lines", "read whole",
-                 file_text_whole),
-        harmless(CATEGORY, "directory names with a newline and a non-UTF-8 byte",
-                 "each name whole", dir_entries),
-        harmless(CATEGORY, "the fetcher removing a non-UTF-8 name", "said on one line",
-                 fetcher_one_line),
+        refused(
+            CATEGORY,
+            "a config.json that is not UTF-8",
+            "not UTF-8 text",
+            file_read(b'{"a": "\xff"}'),
+        ),
+        harmless(
+            CATEGORY, "a config.json with CR, U+2028 and blank lines", "read whole", file_text_whole
+        ),
+        harmless(
+            CATEGORY,
+            "directory names with a newline and a non-UTF-8 byte",
+            "each name whole",
+            dir_entries,
+        ),
+        harmless(
+            CATEGORY, "the fetcher removing a non-UTF-8 name", "said on one line", fetcher_one_line
+        ),
         harmless(CATEGORY, "a listing cut short", "never verified, said so", cut_short),
     ]
 

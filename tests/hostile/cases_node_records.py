@@ -30,16 +30,33 @@ ROOT = "/opt/servefleet"
 
 
 def release(**changes) -> dict:
-    doc = {"engine": "llama.cpp", "version": "b9785", "prefix": f"{ROOT}/llama.cpp/b9785",
-           "unit": "servefleet-llama.service", "unit_text": "[Service]\nExecStart=/bin/true\n",
-           "model_repo": "org/m", "model_revision": "main", "model_sha": "a" * 40,
-           "model_dir": f"{ROOT}/models/org--m/" + "a" * 40, "data_digest": "d" * 16,
-           "commit": "8be759e6f", "recorded_at": "2026-12-04T00:00:00Z", "perf": None,
-           "probe_argv": ["/bin/true"],
-           "gate": {"script": f"{ROOT}/bin/servefleet-health", "python": "python3",
-                    "url": "http://127.0.0.1:8080", "model": "m",
-                    "unit": "servefleet-llama.service", "key_file": None, "timeout_s": 600,
-                    "settle_s": 0, "expect_stopped": False}}
+    doc = {
+        "engine": "llama.cpp",
+        "version": "b9785",
+        "prefix": f"{ROOT}/llama.cpp/b9785",
+        "unit": "servefleet-llama.service",
+        "unit_text": "[Service]\nExecStart=/bin/true\n",
+        "model_repo": "org/m",
+        "model_revision": "main",
+        "model_sha": "a" * 40,
+        "model_dir": f"{ROOT}/models/org--m/" + "a" * 40,
+        "data_digest": "d" * 16,
+        "commit": "8be759e6f",
+        "recorded_at": "2026-12-04T00:00:00Z",
+        "perf": None,
+        "probe_argv": ["/bin/true"],
+        "gate": {
+            "script": f"{ROOT}/bin/servefleet-health",
+            "python": "python3",
+            "url": "http://127.0.0.1:8080",
+            "model": "m",
+            "unit": "servefleet-llama.service",
+            "key_file": None,
+            "timeout_s": 600,
+            "settle_s": 0,
+            "expect_stopped": False,
+        },
+    }
     doc.update(changes)
     return doc
 
@@ -59,6 +76,7 @@ def unreadable_releases(text: str | bytes):
         got = NodeReleases().process(node_lines(text))
         assert got.current is None and not got.previous, "a record was read from it"
         return got.unreadable
+
     return attempt
 
 
@@ -66,6 +84,7 @@ def unreadable(fact, text: str):
     def attempt():
         got = fact().process(node_lines(text))
         return str(got) if isinstance(got, records.Unreadable) else None
+
     return attempt
 
 
@@ -77,8 +96,9 @@ def shell_read(make) -> str:
     """What the facts' reading command prints for the path `make(dir)` returns, within 10 s."""
     with tempfile.TemporaryDirectory() as tmp:
         path = make(tmp)
-        out = subprocess.run(["sh", "-c", records.read_command(path)], capture_output=True,
-                             timeout=10).stdout
+        out = subprocess.run(
+            ["sh", "-c", records.read_command(path)], capture_output=True, timeout=10
+        ).stdout
         return out.decode("utf-8", "replace")
 
 
@@ -104,14 +124,19 @@ def oversized(tmp: str) -> str:
 def via_shell(make):
     def attempt():
         return NodeReleases().process(shell_read(make).split("\n")).unreadable
+
     return attempt
 
 
 def gate(**changes):
     def attempt():
         g = {**release()["gate"], **changes}
-        return gate_problem(g, NodeLayout.of({"servefleet_root": ROOT}),
-                            {"python_interpreter": {"debian": "python3"}})
+        return gate_problem(
+            g,
+            NodeLayout.of({"servefleet_root": ROOT}),
+            {"python_interpreter": {"debian": "python3"}},
+        )
+
     return attempt
 
 
@@ -128,67 +153,189 @@ def unreadable_records_are_drift():
 def _cases():
     R, U = refused, unreadable
     return [
-        R(CATEGORY, "releases.json nested 100,000 deep", "nested deeper than",
-          unreadable_releases(json.dumps({"current": None, "previous": [], "x": 1})[:-1]
-                              + ', "y": ' + deep() + "}")),
-        R(CATEGORY, "rollout.json nested 100,000 deep", "nested deeper than",
-          U(RolloutMarkerFact, deep())),
-        R(CATEGORY, "running.json nested 100,000 deep", "nested deeper than",
-          U(RunningRelease, deep())),
-        harmless(CATEGORY, "a build record nested 100,000 deep", "read as no build",
-                 deep_build_record_is_no_build),
-        R(CATEGORY, "a marker whose extra is a list", "'extra' is not an object",
-          U(RolloutMarkerFact, json.dumps({"rollout_id": "r", "target_digest": "", "phase":
-                                           "gating", "extra": [1, 2]}))),
-        R(CATEGORY, "a marker in no phase servefleet writes", "'phase' is not",
-          U(RolloutMarkerFact, json.dumps({"rollout_id": "r", "target_digest": "",
-                                           "phase": "done; rm -rf /"}))),
-        R(CATEGORY, "a release unit of ../../ (written to unit_dir/<unit>)",
-          "not a servefleet unit name", unreadable_releases(releases_text(unit="../../x"))),
-        R(CATEGORY, "a release unit of another service", "not a servefleet unit name",
-          unreadable_releases(releases_text(unit="ssh.service"))),
-        R(CATEGORY, "a release prefix of / (linked as current)", "absolute normalised path",
-          unreadable_releases(releases_text(prefix="/"))),
-        R(CATEGORY, "a release prefix with ..", "absolute normalised path",
-          unreadable_releases(releases_text(prefix=f"{ROOT}/llama.cpp/../../../"))),
-        R(CATEGORY, "a model_dir that is relative", "absolute normalised path",
-          unreadable_releases(releases_text(model_dir="models/x"))),
-        R(CATEGORY, "an engine servefleet does not have", "'engine' is not one of",
-          unreadable_releases(releases_text(engine="sh"))),
-        R(CATEGORY, "a gate with a key gate_args never writes", "unknown key",
-          unreadable_releases(releases_text(gate={**release()["gate"], "exec": "/bin/sh"}))),
-        R(CATEGORY, "a gate whose timeout is true", "has the wrong type",
-          unreadable_releases(releases_text(gate={**release()["gate"], "timeout_s": True}))),
-        R(CATEGORY, "a gate that runs another script as root", "names the script",
-          gate(script="/tmp/x.py")),
-        R(CATEGORY, "a gate that runs another interpreter as root", "names the interpreter",
-          gate(python="/home/u/python3")),
-        R(CATEGORY, "NaN in a release's figures", "NaN is not a number",
-          unreadable_releases(releases_text().replace('"perf": null', '"perf": {"x": NaN}'))),
-        R(CATEGORY, "a key twice (which one wins?)", "a key appears twice",
-          unreadable_releases(releases_text()[:-1] + ', "current": null}')),
-        R(CATEGORY, "a model_sha that is not hex", "hex digits",
-          unreadable_releases(releases_text(model_sha="zz"))),
-        R(CATEGORY, "a unit_text that is a number", "not a unit file's text",
-          unreadable_releases(releases_text(unit_text=7))),
-        R(CATEGORY, "200 previous releases", "at most 64",
-          unreadable_releases(json.dumps({"current": None, "previous": [release()] * 200}))),
+        R(
+            CATEGORY,
+            "releases.json nested 100,000 deep",
+            "nested deeper than",
+            unreadable_releases(
+                json.dumps({"current": None, "previous": [], "x": 1})[:-1]
+                + ', "y": '
+                + deep()
+                + "}"
+            ),
+        ),
+        R(
+            CATEGORY,
+            "rollout.json nested 100,000 deep",
+            "nested deeper than",
+            U(RolloutMarkerFact, deep()),
+        ),
+        R(
+            CATEGORY,
+            "running.json nested 100,000 deep",
+            "nested deeper than",
+            U(RunningRelease, deep()),
+        ),
+        harmless(
+            CATEGORY,
+            "a build record nested 100,000 deep",
+            "read as no build",
+            deep_build_record_is_no_build,
+        ),
+        R(
+            CATEGORY,
+            "a marker whose extra is a list",
+            "'extra' is not an object",
+            U(
+                RolloutMarkerFact,
+                json.dumps(
+                    {"rollout_id": "r", "target_digest": "", "phase": "gating", "extra": [1, 2]}
+                ),
+            ),
+        ),
+        R(
+            CATEGORY,
+            "a marker in no phase servefleet writes",
+            "'phase' is not",
+            U(
+                RolloutMarkerFact,
+                json.dumps({"rollout_id": "r", "target_digest": "", "phase": "done; rm -rf /"}),
+            ),
+        ),
+        R(
+            CATEGORY,
+            "a release unit of ../../ (written to unit_dir/<unit>)",
+            "not a servefleet unit name",
+            unreadable_releases(releases_text(unit="../../x")),
+        ),
+        R(
+            CATEGORY,
+            "a release unit of another service",
+            "not a servefleet unit name",
+            unreadable_releases(releases_text(unit="ssh.service")),
+        ),
+        R(
+            CATEGORY,
+            "a release prefix of / (linked as current)",
+            "absolute normalised path",
+            unreadable_releases(releases_text(prefix="/")),
+        ),
+        R(
+            CATEGORY,
+            "a release prefix with ..",
+            "absolute normalised path",
+            unreadable_releases(releases_text(prefix=f"{ROOT}/llama.cpp/../../../")),
+        ),
+        R(
+            CATEGORY,
+            "a model_dir that is relative",
+            "absolute normalised path",
+            unreadable_releases(releases_text(model_dir="models/x")),
+        ),
+        R(
+            CATEGORY,
+            "an engine servefleet does not have",
+            "'engine' is not one of",
+            unreadable_releases(releases_text(engine="sh")),
+        ),
+        R(
+            CATEGORY,
+            "a gate with a key gate_args never writes",
+            "unknown key",
+            unreadable_releases(releases_text(gate={**release()["gate"], "exec": "/bin/sh"})),
+        ),
+        R(
+            CATEGORY,
+            "a gate whose timeout is true",
+            "has the wrong type",
+            unreadable_releases(releases_text(gate={**release()["gate"], "timeout_s": True})),
+        ),
+        R(
+            CATEGORY,
+            "a gate that runs another script as root",
+            "names the script",
+            gate(script="/tmp/x.py"),
+        ),
+        R(
+            CATEGORY,
+            "a gate that runs another interpreter as root",
+            "names the interpreter",
+            gate(python="/home/u/python3"),
+        ),
+        R(
+            CATEGORY,
+            "NaN in a release's figures",
+            "NaN is not a number",
+            unreadable_releases(releases_text().replace('"perf": null', '"perf": {"x": NaN}')),
+        ),
+        R(
+            CATEGORY,
+            "a key twice (which one wins?)",
+            "a key appears twice",
+            unreadable_releases(releases_text()[:-1] + ', "current": null}'),
+        ),
+        R(
+            CATEGORY,
+            "a model_sha that is not hex",
+            "hex digits",
+            unreadable_releases(releases_text(model_sha="zz")),
+        ),
+        R(
+            CATEGORY,
+            "a unit_text that is a number",
+            "not a unit file's text",
+            unreadable_releases(releases_text(unit_text=7)),
+        ),
+        R(
+            CATEGORY,
+            "200 previous releases",
+            "at most 64",
+            unreadable_releases(json.dumps({"current": None, "previous": [release()] * 200})),
+        ),
         R(CATEGORY, "releases.json that is a list", "not an object", unreadable_releases("[]")),
-        R(CATEGORY, "releases.json cut short", "is not JSON",
-          unreadable_releases(releases_text()[:200])),
-        R(CATEGORY, "running.json naming a path, not an id", "hex digits",
-          U(RunningRelease, json.dumps({"release": "../../x"}))),
-        R(CATEGORY, "releases.json with bytes that are not UTF-8", "is not UTF-8 text",
-          unreadable_releases(releases_text().encode().replace(b"org/m", b"org/\xff"))),
-        R(CATEGORY, "an answer cut short (not the base64 the node sends)", "not the base64",
-          lambda: NodeReleases().process(["eyJjdXJyZW50Ijog", "#", ""]).unreadable),
-        R(CATEGORY, "releases.json is a FIFO (cat would block)", "not a regular file",
-          via_shell(fifo)),
-        R(CATEGORY, "releases.json links /dev/zero (cat would stream forever)",
-          "not a regular file", via_shell(zero_link)),
+        R(
+            CATEGORY,
+            "releases.json cut short",
+            "is not JSON",
+            unreadable_releases(releases_text()[:200]),
+        ),
+        R(
+            CATEGORY,
+            "running.json naming a path, not an id",
+            "hex digits",
+            U(RunningRelease, json.dumps({"release": "../../x"})),
+        ),
+        R(
+            CATEGORY,
+            "releases.json with bytes that are not UTF-8",
+            "is not UTF-8 text",
+            unreadable_releases(releases_text().encode().replace(b"org/m", b"org/\xff")),
+        ),
+        R(
+            CATEGORY,
+            "an answer cut short (not the base64 the node sends)",
+            "not the base64",
+            lambda: NodeReleases().process(["eyJjdXJyZW50Ijog", "#", ""]).unreadable,
+        ),
+        R(
+            CATEGORY,
+            "releases.json is a FIFO (cat would block)",
+            "not a regular file",
+            via_shell(fifo),
+        ),
+        R(
+            CATEGORY,
+            "releases.json links /dev/zero (cat would stream forever)",
+            "not a regular file",
+            via_shell(zero_link),
+        ),
         R(CATEGORY, "releases.json larger than any record", "larger than", via_shell(oversized)),
-        harmless(CATEGORY, "unreadable records in drift", "a drift item, not in sync",
-                 unreadable_records_are_drift),
+        harmless(
+            CATEGORY,
+            "unreadable records in drift",
+            "a drift item, not in sync",
+            unreadable_records_are_drift,
+        ),
     ]
 
 

@@ -21,8 +21,12 @@ PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 MODEL_FILE = "vllm/model_executor/models/qwen3_5.py"
 
 
-def make_venv(root: Path, version: str = "0.24.0", metadata_version: str | None = None,
-              pythons=("python3.12",)) -> Path:
+def make_venv(
+    root: Path,
+    version: str = "0.24.0",
+    metadata_version: str | None = None,
+    pythons=("python3.12",),
+) -> Path:
     """A venv layout holding vLLM's real qwen3_5.py and METADATA."""
     wheel = vllm_wheel(version)
     venv = root / "venv"
@@ -60,13 +64,19 @@ def snapshot(root: Path) -> dict[str, str]:
 def op(name: str, venv: Path, work: Path) -> subprocess.CompletedProcess:
     (work / "bin").mkdir(exist_ok=True)
     args = [f"venv={venv}"] + ([f"workdir={work / 'bin'}"] if name == "apply" else [])
-    return subprocess.run([PYINFRA, "@local", f"servefleet.operations.vllm_patch.{name}", *args,
-                           "-y"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [PYINFRA, "@local", f"servefleet.operations.vllm_patch.{name}", *args, "-y"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def refused_unchanged(name: str, expected: str, prepare, which: str = "apply"):
     """The operation on the prepared venv fails naming `expected`; no file of the venv (or
     outside it) changes."""
+
     def check():
         root = Path(tempfile.mkdtemp(prefix="servefleet-patch-"))
         try:
@@ -81,6 +91,7 @@ def refused_unchanged(name: str, expected: str, prepare, which: str = "apply"):
             assert after == before, "files changed"
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
     return Case(CATEGORY, name, f"refused: {expected}; nothing changed", check)
 
 
@@ -204,10 +215,19 @@ def revert_edited_no_orig(root):
 def _applier(t: Path, timeout: int = 20) -> subprocess.CompletedProcess:
     rec = json.loads((REPO / "files/patches/vllm/0.24.0/hashes.json").read_text())
     try:
-        return subprocess.run([sys.executable, str(REPO / "files/patches/vllm/apply_patch.py"),
-                               str(t), str(REPO / "files/patches/vllm/0.24.0" / rec["patch"]),
-                               rec["pristine_sha256"], rec["patched_sha256"]],
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "files/patches/vllm/apply_patch.py"),
+                str(t),
+                str(REPO / "files/patches/vllm/0.24.0" / rec["patch"]),
+                rec["pristine_sha256"],
+                rec["patched_sha256"],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         raise AssertionError(f"the applier still runs after {timeout} s (blocked?)") from None
 
@@ -215,22 +235,30 @@ def _applier(t: Path, timeout: int = 20) -> subprocess.CompletedProcess:
 def applier_refuses(prepare, expected: str, path_of=target):
     """The node-side applier, run directly (as root would, after the operation's checks), on a
     target the facts did not see: one line naming `expected`, exit 6, nothing changed."""
+
     def check():
         root = Path(tempfile.mkdtemp(prefix="servefleet-patch-"))
         try:
             venv, watched = prepare(root)
-            before = {str(w): snapshot(w) if w.is_dir() else w.read_bytes() for w in watched
-                      if not w.is_fifo()}
+            before = {
+                str(w): snapshot(w) if w.is_dir() else w.read_bytes()
+                for w in watched
+                if not w.is_fifo()
+            }
             done = _applier(path_of(venv))
             assert done.returncode == 6, (done.returncode, done.stderr[-800:])
             lines = done.stderr.splitlines()
             assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-800:]
             assert expected in lines[0], lines[0]
-            after = {str(w): snapshot(w) if w.is_dir() else w.read_bytes() for w in watched
-                     if not w.is_fifo()}
+            after = {
+                str(w): snapshot(w) if w.is_dir() else w.read_bytes()
+                for w in watched
+                if not w.is_fifo()
+            }
             assert after == before, "files changed"
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
     return check
 
 
@@ -269,9 +297,18 @@ def applier_with_wrong_hashes():
         t = target(venv)
         before = t.read_bytes()
         patch = REPO / "files/patches/vllm/0.24.0/qwen3_5.py.patch"
-        done = subprocess.run([sys.executable, str(REPO / "files/patches/vllm/apply_patch.py"),
-                               str(t), str(patch), "0" * 64, "1" * 64], capture_output=True,
-                              text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "files/patches/vllm/apply_patch.py"),
+                str(t),
+                str(patch),
+                "0" * 64,
+                "1" * 64,
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
         assert t.read_bytes() == before and not Path(str(t) + ".orig").exists()
     finally:
@@ -285,40 +322,76 @@ CASES = [
     refused_unchanged("a backup that is not vLLM's file", "not the pristine", foreign_orig),
     refused_unchanged("a patched file without its backup", "is missing", patched_without_orig),
     refused_unchanged("two site-packages in one venv", "more than one", two_site_packages),
-    refused_unchanged("qwen3_5.py linked to another file", "is a symbolic link",
-                      symlink_to_system_file),
-    refused_unchanged("qwen3_5.py linked to a pristine copy outside the venv",
-                      "is a symbolic link, not a regular file", symlink_to_pristine_copy),
-    refused_unchanged("a FIFO where the backup goes (would hang its hash)",
-                      "qwen3_5.py.orig is a fifo, not a regular file", orig_fifo),
-    refused_unchanged("revert with a FIFO where the backup is", "qwen3_5.py.orig is a fifo",
-                      orig_fifo, which="revert"),
-    refused_unchanged("a directory where the backup goes", "qwen3_5.py.orig is a directory",
-                      orig_directory),
+    refused_unchanged(
+        "qwen3_5.py linked to another file", "is a symbolic link", symlink_to_system_file
+    ),
+    refused_unchanged(
+        "qwen3_5.py linked to a pristine copy outside the venv",
+        "is a symbolic link, not a regular file",
+        symlink_to_pristine_copy,
+    ),
+    refused_unchanged(
+        "a FIFO where the backup goes (would hang its hash)",
+        "qwen3_5.py.orig is a fifo, not a regular file",
+        orig_fifo,
+    ),
+    refused_unchanged(
+        "revert with a FIFO where the backup is",
+        "qwen3_5.py.orig is a fifo",
+        orig_fifo,
+        which="revert",
+    ),
+    refused_unchanged(
+        "a directory where the backup goes", "qwen3_5.py.orig is a directory", orig_directory
+    ),
     refused_unchanged("qwen3_5.py a FIFO", "has no model file qwen3_5.py", target_fifo),
     refused_unchanged("qwen3_5.py a directory", "has no model file qwen3_5.py", target_directory),
-    refused_unchanged("a backup linked to another file", "qwen3_5.py.orig is a symbolic link",
-                      orig_symlink_out),
-    refused_unchanged("METADATA claiming another release", "which is neither the pristine",
-                      metadata_lies),
+    refused_unchanged(
+        "a backup linked to another file", "qwen3_5.py.orig is a symbolic link", orig_symlink_out
+    ),
+    refused_unchanged(
+        "METADATA claiming another release", "which is neither the pristine", metadata_lies
+    ),
     refused_unchanged("an empty qwen3_5.py", "which is neither the pristine", empty_model_file),
-    refused_unchanged("revert with a foreign backup", "not the pristine", revert_foreign,
-                      which="revert"),
-    refused_unchanged("revert of an edited file without a backup", "no backup",
-                      revert_edited_no_orig, which="revert"),
-    harmless(CATEGORY, "the applier run on a FIFO", "exit 6 at once, one line, nothing changed",
-             applier_refuses(fifo_target_for_applier, "not a regular file",
-                             path_of=lambda venv: venv / "fifo.py")),
-    harmless(CATEGORY, "the applier run on a link to a pristine copy",
-             "exit 6, one line, the copy and the venv unchanged",
-             applier_refuses(symlink_to_pristine_copy, "is a symbolic link")),
-    harmless(CATEGORY, "the applier with a link planted as its backup",
-             "exit 6, one line, the link's target unchanged",
-             applier_refuses(orig_symlink_out, ".orig is a symbolic link")),
-    harmless(CATEGORY, "links planted at the applier's old temporary names",
-             "applied through new random names; the links' targets unchanged",
-             planted_tmp_symlink),
-    harmless(CATEGORY, "the applier given hashes that match nothing",
-             "it exits non-zero, one line, and the file and its backup are untouched",
-             applier_with_wrong_hashes),
+    refused_unchanged(
+        "revert with a foreign backup", "not the pristine", revert_foreign, which="revert"
+    ),
+    refused_unchanged(
+        "revert of an edited file without a backup",
+        "no backup",
+        revert_edited_no_orig,
+        which="revert",
+    ),
+    harmless(
+        CATEGORY,
+        "the applier run on a FIFO",
+        "exit 6 at once, one line, nothing changed",
+        applier_refuses(
+            fifo_target_for_applier, "not a regular file", path_of=lambda venv: venv / "fifo.py"
+        ),
+    ),
+    harmless(
+        CATEGORY,
+        "the applier run on a link to a pristine copy",
+        "exit 6, one line, the copy and the venv unchanged",
+        applier_refuses(symlink_to_pristine_copy, "is a symbolic link"),
+    ),
+    harmless(
+        CATEGORY,
+        "the applier with a link planted as its backup",
+        "exit 6, one line, the link's target unchanged",
+        applier_refuses(orig_symlink_out, ".orig is a symbolic link"),
+    ),
+    harmless(
+        CATEGORY,
+        "links planted at the applier's old temporary names",
+        "applied through new random names; the links' targets unchanged",
+        planted_tmp_symlink,
+    ),
+    harmless(
+        CATEGORY,
+        "the applier given hashes that match nothing",
+        "it exits non-zero, one line, and the file and its backup are untouched",
+        applier_with_wrong_hashes,
+    ),
 ]

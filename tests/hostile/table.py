@@ -13,10 +13,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-CATEGORIES = ("data values", "fleet.yml files", "GGUF files", "safetensors indexes",
-              "config.json", "hub requests", "hub answers", "depot paths", "patch targets",
-              "key files", "crash inputs", "model directories", "command-line arguments",
-              "node records", "node output", "engine answers")
+CATEGORIES = (
+    "data values",
+    "fleet.yml files",
+    "GGUF files",
+    "safetensors indexes",
+    "config.json",
+    "hub requests",
+    "hub answers",
+    "depot paths",
+    "patch targets",
+    "key files",
+    "crash inputs",
+    "model directories",
+    "command-line arguments",
+    "node records",
+    "node output",
+    "engine answers",
+)
 
 
 @dataclass(frozen=True)
@@ -34,12 +48,15 @@ class Case:
 def refused(category: str, name: str, expected_text: str, attempt: Callable[[], str | None]):
     """A case whose input must be refused: attempt() returns the one-line error it got (None
     when the input was accepted)."""
+
     def check():
         message = attempt()
         assert message is not None, f"accepted; expected a refusal naming {expected_text!r}"
         assert "Traceback" not in message, f"a traceback instead of one line: {message[-500:]}"
-        assert expected_text in message, f"refused, but the message {message!r} does not name " \
-                                         f"{expected_text!r}"
+        assert expected_text in message, (
+            f"refused, but the message {message!r} does not name {expected_text!r}"
+        )
+
     return Case(category, name, f"refused: {expected_text}", check)
 
 

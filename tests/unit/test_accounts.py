@@ -16,8 +16,12 @@ HOME, SHELL = "/opt/servefleet/cache", "/usr/sbin/nologin"
 
 def read(name: str) -> dict:
     """The Account fact for `name`, run here with the node's shell, as pyinfra would."""
-    out = subprocess.run(["sh", "-c", batch.command_of(Account, {"user": name, "group": name})],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", batch.command_of(Account, {"user": name, "group": name})],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return parse_account(out.splitlines())
 
 
@@ -34,9 +38,14 @@ def test_a_name_that_no_account_or_group_has_is_servefleets_to_create():
     assert account_problem("servefleet_user", "sf-no-such-account-here", found, HOME, SHELL) is None
 
 
-@pytest.mark.parametrize("name,what", [("root", "an account 'root' (uid 0)"),
-                                       ("daemon", "an account 'daemon' (uid 1)"),
-                                       ("nobody", "an account 'nobody'")])
+@pytest.mark.parametrize(
+    "name,what",
+    [
+        ("root", "an account 'root' (uid 0)"),
+        ("daemon", "an account 'daemon' (uid 1)"),
+        ("nobody", "an account 'nobody'"),
+    ],
+)
 def test_an_account_of_the_system_is_refused(name, what):
     found = read(name)
     assert found["user"] is not None, f"this machine has no {name}"
@@ -55,8 +64,9 @@ def test_a_group_that_exists_is_refused_even_without_an_account_of_its_name(name
 
 
 def test_servefleets_own_account_is_kept():
-    found = node(f"servefleet:x:998:998:{OWN_ACCOUNT}:{HOME}:{SHELL}", "servefleet:x:998:",
-                 "servefleet")
+    found = node(
+        f"servefleet:x:998:998:{OWN_ACCOUNT}:{HOME}:{SHELL}", "servefleet:x:998:", "servefleet"
+    )
     assert account_problem("servefleet_user", "servefleet", found, HOME, SHELL) is None
 
 
@@ -65,18 +75,24 @@ def test_an_account_that_an_earlier_servefleet_made_is_adopted_once():
     found = node(f"servefleet:x:998:998::{HOME}:{SHELL}", "servefleet:x:998:", "servefleet")
     assert account_problem("servefleet_user", "servefleet", found, HOME, SHELL) is None
     # Without a comment and with another home or shell, it is someone else's.
-    for passwd in (f"servefleet:x:998:998::/home/servefleet:{SHELL}",
-                   f"servefleet:x:998:998::{HOME}:/bin/bash"):
-        problem = account_problem("servefleet_user", "servefleet",
-                                  node(passwd, "servefleet:x:998:"), HOME, SHELL)
+    for passwd in (
+        f"servefleet:x:998:998::/home/servefleet:{SHELL}",
+        f"servefleet:x:998:998::{HOME}:/bin/bash",
+    ):
+        problem = account_problem(
+            "servefleet_user", "servefleet", node(passwd, "servefleet:x:998:"), HOME, SHELL
+        )
         assert "an account 'servefleet' (uid 998) exists" in problem, problem
 
 
-@pytest.mark.parametrize("groups,group,named", [
-    ("servefleet docker", "servefleet:x:998:", "docker"),           # a supplementary group
-    ("servefleet", "servefleet:x:998:alice", "alice"),               # its group has a member
-    ("servefleet video render", "servefleet:x:998:", "render, video"),
-])
+@pytest.mark.parametrize(
+    "groups,group,named",
+    [
+        ("servefleet docker", "servefleet:x:998:", "docker"),  # a supplementary group
+        ("servefleet", "servefleet:x:998:alice", "alice"),  # its group has a member
+        ("servefleet video render", "servefleet:x:998:", "render, video"),
+    ],
+)
 def test_an_own_account_with_group_power_is_refused(groups, group, named):
     found = node(f"servefleet:x:998:998:{OWN_ACCOUNT}:{HOME}:{SHELL}", group, groups)
     problem = account_problem("servefleet_user", "servefleet", found, HOME, SHELL)
@@ -84,8 +100,7 @@ def test_an_own_account_with_group_power_is_refused(groups, group, named):
 
 
 def test_an_own_account_whose_primary_group_is_another_is_refused():
-    found = node(f"servefleet:x:998:44:{OWN_ACCOUNT}:{HOME}:{SHELL}", "servefleet:x:998:",
-                 "video")
+    found = node(f"servefleet:x:998:44:{OWN_ACCOUNT}:{HOME}:{SHELL}", "servefleet:x:998:", "video")
     problem = account_problem("servefleet_user", "servefleet", found, HOME, SHELL)
     assert "primary group is not its own group 'servefleet'" in problem, problem
     found = node(f"servefleet:x:998:44:{OWN_ACCOUNT}:{HOME}:{SHELL}", None, "video")

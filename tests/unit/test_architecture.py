@@ -16,8 +16,12 @@ MODULES = sorted(p for p in PRODUCT.rglob("*.py"))
 
 
 def test_import_linter_contracts_are_kept():
-    done = subprocess.run([str(Path(sys.executable).with_name("lint-imports"))], cwd=REPO,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("lint-imports"))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout[-3000:]
     assert "2 kept, 0 broken" in done.stdout
 
@@ -42,8 +46,11 @@ def test_no_product_module_is_over_400_lines(path):
 MARK = "optional heavy dependency"
 
 
-@pytest.mark.parametrize("path", sorted(MODULES + list((REPO / "servefleet_dev").rglob("*.py"))),
-                         ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize(
+    "path",
+    sorted(MODULES + list((REPO / "servefleet_dev").rglob("*.py"))),
+    ids=lambda p: str(p.relative_to(REPO)),
+)
 def test_no_imports_inside_functions(path):
     source = path.read_text()
     lines = source.splitlines()
@@ -54,7 +61,7 @@ def test_no_imports_inside_functions(path):
             for node in ast.walk(func):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
                     name = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
-                    near = " ".join(lines[max(node.lineno - 2, 0):node.lineno])
+                    near = " ".join(lines[max(node.lineno - 2, 0) : node.lineno])
                     if MARK not in near:
                         found.append(f"{func.name}: {name}")
     assert not found, found
@@ -62,9 +69,23 @@ def test_no_imports_inside_functions(path):
 
 # Fragments of the node layout: only servefleet/core/layout.py may write them into a string
 # (an example in an error message, "e.g. ...", is not a path the code uses).
-LAYOUT_FRAGMENTS = ("/opt/servefleet", "/tools/venv", "/venvs/", "etc/api-key", "vllm.env",
-                    "state/", "releases.json", "/llama.cpp/", "servefleet/models", "/cache/",
-                    "hf-token", "depot-key", "depot-home", "bin/servefleet", "/etc/systemd/system")
+LAYOUT_FRAGMENTS = (
+    "/opt/servefleet",
+    "/tools/venv",
+    "/venvs/",
+    "etc/api-key",
+    "vllm.env",
+    "state/",
+    "releases.json",
+    "/llama.cpp/",
+    "servefleet/models",
+    "/cache/",
+    "hf-token",
+    "depot-key",
+    "depot-home",
+    "bin/servefleet",
+    "/etc/systemd/system",
+)
 
 
 def _strings(tree):
@@ -75,16 +96,24 @@ def _strings(tree):
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 docstrings.add(id(body[0].value))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and id(node) not in docstrings:
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+        ):
             yield node.lineno, node.value
 
 
-@pytest.mark.parametrize("path", [p for p in MODULES if p.name != "layout.py"],
-                         ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize(
+    "path", [p for p in MODULES if p.name != "layout.py"], ids=lambda p: str(p.relative_to(REPO))
+)
 def test_no_node_path_is_built_outside_the_layout(path):
     tree = ast.parse(path.read_text())
-    bad = [(line, text) for line, text in _strings(tree)
-           if any(fragment in text for fragment in LAYOUT_FRAGMENTS)
-           and not text.lstrip().startswith("#") and "e.g." not in text]
+    bad = [
+        (line, text)
+        for line, text in _strings(tree)
+        if any(fragment in text for fragment in LAYOUT_FRAGMENTS)
+        and not text.lstrip().startswith("#")
+        and "e.g." not in text
+    ]
     assert not bad, bad

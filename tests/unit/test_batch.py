@@ -11,8 +11,7 @@ from pyinfra.api import FactBase
 
 from servefleet.core.batch import split_batch
 from servefleet.facts import batch
-from servefleet.facts.node import (Account, CpuArch, DirEntries, InstalledDebs, OsRelease,
-                                   PathStat)
+from servefleet.facts.node import Account, CpuArch, DirEntries, InstalledDebs, OsRelease, PathStat
 from servefleet.facts.vllm import DistVersions
 
 
@@ -66,16 +65,21 @@ def test_batched_answers_equal_one_by_one(tmp_path):
     meta.write_text("Metadata-Version: 2.4\nName: uv\nVersion: 0.13.9\n\nVersion: 9.9 (body)\n")
     (tmp_path / "a file").write_text("x")
     facts = [
-        (CpuArch, {}), (OsRelease, {}),
-        (PathStat, {"path": str(tmp_path)}), (PathStat, {"path": str(tmp_path / "a file")}),
+        (CpuArch, {}),
+        (OsRelease, {}),
+        (PathStat, {"path": str(tmp_path)}),
+        (PathStat, {"path": str(tmp_path / "a file")}),
         (PathStat, {"path": str(tmp_path / "missing")}),
         (InstalledDebs, {"names": ("dpkg", "no-such-package-here")}),
         (Account, {"user": "root", "group": "root"}),
         (Account, {"user": "no-such-user-here", "group": "no-such-group-here"}),
-        (DirEntries, {"path": str(tmp_path)}), (DirEntries, {"path": str(tmp_path / "missing")}),
+        (DirEntries, {"path": str(tmp_path)}),
+        (DirEntries, {"path": str(tmp_path / "missing")}),
         (DistVersions, {"venv": str(venv), "names": ("uv", "gguf")}),
-        (Printf, {"text": "no final newline"}), (Printf, {"text": "two lines\nand one more\n"}),
-        (Printf, {"text": ""}), (Fails, {"status": 3}),
+        (Printf, {"text": "no final newline"}),
+        (Printf, {"text": "two lines\nand one more\n"}),
+        (Printf, {"text": ""}),
+        (Fails, {"status": 3}),
     ]
     keys, got = together(facts)
     for (cls, kwargs), key in zip(facts, keys):
@@ -107,8 +111,13 @@ def test_a_fact_that_checks_for_its_command_reads_as_pyinfra_reads_it():
         def process(self, output):
             return list(output)
 
-    keys, got = together([(NeedsTool, {"tool": "no-such-tool-here"}), (NeedsTool, {"tool": "sh"}),
-                          (NeedsTool, {"tool": "dpkg"})])
+    keys, got = together(
+        [
+            (NeedsTool, {"tool": "no-such-tool-here"}),
+            (NeedsTool, {"tool": "sh"}),
+            (NeedsTool, {"tool": "dpkg"}),
+        ]
+    )
     assert got[keys[0]] == []  # missing: the default, not the marker
     assert got[keys[2]] and "dpkg" in got[keys[2]][0]
 

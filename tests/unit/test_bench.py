@@ -25,9 +25,22 @@ def test_stream_bench_measures_a_real_llama_server(tmp_path):
     try:
         assert server.healthy, server.log()
         out = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve().parents[2] / SCRIPT), "--url", f"http://127.0.0.1:{server.port}",
-             "--runs", "3", "--prompt-tokens", "200", "--max-tokens", "32"],
-            capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                str(Path(__file__).resolve().parents[2] / SCRIPT),
+                "--url",
+                f"http://127.0.0.1:{server.port}",
+                "--runs",
+                "3",
+                "--prompt-tokens",
+                "200",
+                "--max-tokens",
+                "32",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         server.stop()
     assert out.returncode == 0, out.stderr

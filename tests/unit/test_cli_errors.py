@@ -19,21 +19,31 @@ REASON = "Unable to connect to port 1 on 127.0.0.1"
 @pytest.fixture
 def fleet(tmp_path):
     """A fleet file written for one test; returns its path."""
+
     def write(text: str = UNREACHABLE) -> Path:
         path = tmp_path / "fleet.yml"
         path.write_text(text)
         return path
+
     return write
 
 
-def servefleet(*args: str, fleet: Path | None = None, cwd: Path = REPO,
-               stdin: str = "") -> subprocess.CompletedProcess:
+def servefleet(
+    *args: str, fleet: Path | None = None, cwd: Path = REPO, stdin: str = ""
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO)}
     env.pop("SERVEFLEET_FLEET", None)
     if fleet is not None:
         env["SERVEFLEET_FLEET"] = str(fleet)
-    return subprocess.run([sys.executable, "-m", "servefleet.cli", *args], cwd=cwd, env=env,
-                          input=stdin, capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "servefleet.cli", *args],
+        cwd=cwd,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def one_line(proc: subprocess.CompletedProcess, command: str) -> str:
@@ -46,14 +56,18 @@ def one_line(proc: subprocess.CompletedProcess, command: str) -> str:
 
 # --- 2: refused before any host is touched ------------------------------------------------------
 
-@pytest.mark.parametrize("command,args", [
-    ("drift", ["inventory/sprak.py", "deploys/base.py"]),
-    ("status", ["inventory/sprak.py"]),
-    ("bench", ["inventory/sprak.py"]),
-    ("rollout", ["inventory/sprak.py", "deploys/serve_bf16.py"]),
-    ("rollback", ["inventory/sprak.py", "--limit", "spark-01"]),
-    ("rebuild", ["inventory/sprak.py", "deploys/base.py", "--limit", "spark-01", "--yes"]),
-])
+
+@pytest.mark.parametrize(
+    "command,args",
+    [
+        ("drift", ["inventory/sprak.py", "deploys/base.py"]),
+        ("status", ["inventory/sprak.py"]),
+        ("bench", ["inventory/sprak.py"]),
+        ("rollout", ["inventory/sprak.py", "deploys/serve_bf16.py"]),
+        ("rollback", ["inventory/sprak.py", "--limit", "spark-01"]),
+        ("rebuild", ["inventory/sprak.py", "deploys/base.py", "--limit", "spark-01", "--yes"]),
+    ],
+)
 def test_a_typo_in_the_inventory_path_is_one_line_and_exit_2(fleet, command, args):
     # Was: pyinfra took the name for a host or module, found no host, and drift / status
     # exited 3 with an empty report, bench 1 with an empty table.
@@ -72,10 +86,13 @@ def test_a_typo_in_the_deploy_path_is_one_line_and_exit_2(fleet):
     assert proc.returncode == 2
 
 
-@pytest.mark.parametrize("path,expected", [
-    ("inventory/fleet.yml", "expected a Python inventory such as inventory/spark.py"),
-    ("deploys/base.py", "could not be loaded"),  # arguments swapped: a deploy as inventory
-])
+@pytest.mark.parametrize(
+    "path,expected",
+    [
+        ("inventory/fleet.yml", "expected a Python inventory such as inventory/spark.py"),
+        ("deploys/base.py", "could not be loaded"),  # arguments swapped: a deploy as inventory
+    ],
+)
 def test_a_file_that_is_no_inventory_is_one_line_not_a_traceback(fleet, path, expected):
     proc = servefleet("status", path, fleet=fleet())
     line = one_line(proc, "status")
@@ -98,15 +115,19 @@ EVERY_VERB = [
 def test_a_limit_that_matches_no_host_is_one_line_and_exit_2(fleet, command, args):
     proc = servefleet(command, *args, "--limit", "sprak-01", fleet=fleet())
     line = one_line(proc, command)
-    assert line.endswith("--limit sprak-01 matches no host of inventory/spark.py "
-                         "(hosts: spark-01; groups: spark)")
+    assert line.endswith(
+        "--limit sprak-01 matches no host of inventory/spark.py (hosts: spark-01; groups: spark)"
+    )
     assert proc.returncode == 2
 
 
-@pytest.mark.parametrize("text", [
-    "hosts: []\n",
-    "hosts:\n  - {name: gpu-01, role: rtx4090, ssh_hostname: 127.0.0.1, ssh_port: 1}\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "hosts: []\n",
+        "hosts:\n  - {name: gpu-01, role: rtx4090, ssh_hostname: 127.0.0.1, ssh_port: 1}\n",
+    ],
+)
 @pytest.mark.parametrize("command,args", EVERY_VERB)
 def test_an_empty_fleet_is_one_line_and_exit_2(fleet, text, command, args):
     path = fleet(text)
@@ -141,8 +162,16 @@ def test_knobs_from_the_repository_lists_the_data():
 
 
 def test_a_refused_rebuild_json_still_prints_one_json_object(fleet):
-    proc = servefleet("rebuild", "inventory/sprak.py", "deploys/base.py", "--limit", "spark-01",
-                      "--yes", "--json", fleet=fleet())
+    proc = servefleet(
+        "rebuild",
+        "inventory/sprak.py",
+        "deploys/base.py",
+        "--limit",
+        "spark-01",
+        "--yes",
+        "--json",
+        fleet=fleet(),
+    )
     report = json.loads(proc.stdout)
     assert report["refused"] is True and report["ok"] is False and report["exit_code"] == 2
     assert "inventory/sprak.py: not found" in report["message"]
@@ -151,6 +180,7 @@ def test_a_refused_rebuild_json_still_prints_one_json_object(fleet):
 
 
 # --- 3: a host that cannot be reached -----------------------------------------------------------
+
 
 def test_drift_of_an_unreachable_host_is_exit_3_with_the_whole_reason(fleet):
     proc = servefleet("drift", "inventory/spark.py", "deploys/base.py", fleet=fleet())
@@ -179,13 +209,20 @@ def test_status_of_an_unreachable_host_is_exit_3_with_the_whole_reason(fleet):
     assert "…" not in proc.stdout  # was: "error: Could not connect ([Er…"
     row = next(line for line in lines[1:] if line.startswith("spark-01 "))
     assert row.split()[:3] == ["spark-01", "spark", "not"]  # its role, and "not read (below)"
-    below = " ".join(line.strip() for line in lines[lines.index(row) + 1:])
+    below = " ".join(line.strip() for line in lines[lines.index(row) + 1 :])
     assert below.startswith("spark-01: not read: Could not connect") and REASON in below
 
 
 def test_rebuild_of_an_unreachable_host_is_exit_3_and_changes_nothing(fleet):
-    proc = servefleet("rebuild", "inventory/spark.py", "deploys/base.py", "--limit", "spark-01",
-                      "--yes", fleet=fleet())
+    proc = servefleet(
+        "rebuild",
+        "inventory/spark.py",
+        "deploys/base.py",
+        "--limit",
+        "spark-01",
+        "--yes",
+        fleet=fleet(),
+    )
     line = one_line(proc, "rebuild")
     assert line.startswith("servefleet rebuild: cannot reach spark-01 (Could not connect")
     assert REASON in line and line.endswith("; nothing was changed")
@@ -194,8 +231,15 @@ def test_rebuild_of_an_unreachable_host_is_exit_3_and_changes_nothing(fleet):
 
 def test_a_refused_rebuild_json_of_an_unreachable_host_is_a_json_object(fleet):
     # Was: nothing on stdout. Not asked either: the host is refused before the question.
-    proc = servefleet("rebuild", "inventory/spark.py", "deploys/base.py", "--limit", "spark-01",
-                      "--json", fleet=fleet())
+    proc = servefleet(
+        "rebuild",
+        "inventory/spark.py",
+        "deploys/base.py",
+        "--limit",
+        "spark-01",
+        "--json",
+        fleet=fleet(),
+    )
     report = json.loads(proc.stdout)
     assert report["hosts"] == ["spark-01"] and report["refused"] is True
     assert report["exit_code"] == 3 and report["teardown"] == {} and report["converge"] == {}
@@ -212,16 +256,20 @@ def test_bench_of_an_unreachable_host_is_exit_3_with_the_whole_reason(fleet, com
     assert all(len(line) <= 80 for line in lines), proc.stdout
     row = next(line for line in lines if line.startswith("spark-01 "))
     assert "not reached" in row
-    below = " ".join(line.strip() for line in lines[lines.index(row) + 1:])
+    below = " ".join(line.strip() for line in lines[lines.index(row) + 1 :])
     assert below.startswith("spark-01: not reached: Could not connect") and REASON in below
 
 
-@pytest.mark.parametrize("command,args", [
-    ("rollback", ["inventory/spark.py", "--limit", "spark-01"]),
-    ("rollout", ["inventory/spark.py", "deploys/serve_bf16.py"]),
-])
+@pytest.mark.parametrize(
+    "command,args",
+    [
+        ("rollback", ["inventory/spark.py", "--limit", "spark-01"]),
+        ("rollout", ["inventory/spark.py", "deploys/serve_bf16.py"]),
+    ],
+)
 def test_rollout_and_rollback_of_an_unreachable_host_are_exit_3_and_change_nothing(
-        fleet, command, args):
+    fleet, command, args
+):
     # Was (rollback): exit 4, "needs attention", the reason cut.
     proc = servefleet(command, *args, fleet=fleet())
     assert proc.returncode == 3, proc.stdout + proc.stderr

@@ -25,16 +25,18 @@ def test_every_group_data_value_is_a_declared_knob_with_a_doc_and_a_valid_value(
         knob = contract.BY_NAME.get(a.name)
         assert knob is not None, f"group_data/{group}.py sets {a.name}, which no contract declares"
         assert a.doc, f"group_data/{group}.py: {a.name} has no one-line comment"
-        assert knob.check.ok(values[a.name]), \
+        assert knob.check.ok(values[a.name]), (
             f"group_data/{group}.py: {a.name} = {values[a.name]!r}; expected {knob.check.expected}"
+        )
         if knob.scope == contract.TESTBED:
             assert group.startswith("testbed"), f"{a.name} is testbed-only, set in {group}.py"
 
 
 def test_every_knob_has_a_default_where_operators_look():
     defaults = {a.name for g in groupdata.DEFAULT_FILES for a in groupdata.assignments(g)}
-    testbed = {a.name for g in GROUP_FILES if g.startswith("testbed")
-               for a in groupdata.assignments(g)}
+    testbed = {
+        a.name for g in GROUP_FILES if g.startswith("testbed") for a in groupdata.assignments(g)
+    }
     for knob in contract.KNOBS:
         where = testbed if knob.scope == contract.TESTBED else defaults
         assert knob.name in where, f"{knob.name} is declared but has no default in group_data/"
@@ -45,8 +47,9 @@ def test_docs_knob_lists_are_the_generated_ones():
     begin, end = "<!-- knobs:begin (servefleet knobs --markdown) -->\n", "<!-- knobs:end -->"
     assert begin in page and end in page
     section = page.split(begin, 1)[1].split(end, 1)[0]
-    assert section == markdown(), "docs/knobs.md's knob lists are stale: regenerate them with " \
-                                  "`servefleet knobs --markdown`"
+    assert section == markdown(), (
+        "docs/knobs.md's knob lists are stale: regenerate them with `servefleet knobs --markdown`"
+    )
     for knob in contract.KNOBS:
         assert f"`{knob.name}`" in section
 
@@ -63,7 +66,23 @@ def test_a_shown_default_is_the_value_not_its_source_comments(group):
 
 def test_serving_knobs_are_what_changes_what_serves():
     serving = set(contract.serving_keys())
-    assert {"vllm_version", "model_revision", "llamacpp_commit", "llamacpp_cmake_flags",
-            "kv_cache_memory_bytes", "service_port"} <= serving
-    assert not {"health_timeout_s", "health_settle_s", "releases_keep", "hub_timeout_seconds",
-                "memory_bandwidth_bytes_per_s", "purge_models", "api_key_file"} & serving
+    assert {
+        "vllm_version",
+        "model_revision",
+        "llamacpp_commit",
+        "llamacpp_cmake_flags",
+        "kv_cache_memory_bytes",
+        "service_port",
+    } <= serving
+    assert (
+        not {
+            "health_timeout_s",
+            "health_settle_s",
+            "releases_keep",
+            "hub_timeout_seconds",
+            "memory_bandwidth_bytes_per_s",
+            "purge_models",
+            "api_key_file",
+        }
+        & serving
+    )

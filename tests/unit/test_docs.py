@@ -55,8 +55,16 @@ def slug(title: str) -> str:
 
 def test_there_are_docs_pages():
     names = {p.name for p in DOCS}
-    assert {"recipes.md", "knobs.md", "day2.md", "rollouts.md", "security.md", "testbed.md",
-            "benchmarks.md", "evidence.md"} <= names
+    assert {
+        "recipes.md",
+        "knobs.md",
+        "day2.md",
+        "rollouts.md",
+        "security.md",
+        "testbed.md",
+        "benchmarks.md",
+        "evidence.md",
+    } <= names
 
 
 def test_readme_is_short():
@@ -71,16 +79,21 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_second():
     assert demo == "./bin/setup && .venv/bin/servefleet demo"
     assert tests == "./bin/setup && .venv/bin/pytest"
     assert lines[5] == "```"
-    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
-          if line.strip() and not line.lstrip().startswith("#")]
+    ci = [
+        line.strip()
+        for line in (REPO / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     assert ci[-1] == tests, ".ci/run must run exactly README's test command"
 
 
 @pytest.mark.parametrize("path", PAGES, ids=rel)
 def test_lines_fit_100_columns(path):
-    long = [f"{rel(path)}:{number}: {len(line)} columns"
-            for number, line in enumerate(path.read_text().splitlines(), 1)
-            if len(line) > MAX_COLUMNS]
+    long = [
+        f"{rel(path)}:{number}: {len(line)} columns"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if len(line) > MAX_COLUMNS
+    ]
     assert not long, "\n".join(long)
 
 
@@ -89,8 +102,9 @@ def test_headings_never_skip_a_level(path):
     found = headings(path)
     assert found and found[0][1] == 1, f"{rel(path)}: the first heading is not a '# title'"
     for (_, before, _), (number, level, title) in zip(found, found[1:]):
-        assert level <= before + 1, f"{rel(path)}:{number}: '{title}' jumps from " \
-                                    f"{'#' * before} to {'#' * level}"
+        assert level <= before + 1, (
+            f"{rel(path)}:{number}: '{title}' jumps from {'#' * before} to {'#' * level}"
+        )
 
 
 @pytest.mark.parametrize("path", PAGES, ids=rel)
@@ -104,15 +118,21 @@ def test_relative_links_lead_somewhere(path):
             dest = (path.parent / file).resolve() if file else path
             if not dest.exists():
                 broken.append(f"{rel(path)}:{number}: {target}: no such file")
-            elif anchor and dest.suffix == ".md" and \
-                    anchor not in {slug(t) for _, _, t in headings(dest)}:
+            elif (
+                anchor
+                and dest.suffix == ".md"
+                and anchor not in {slug(t) for _, _, t in headings(dest)}
+            ):
                 broken.append(f"{rel(path)}:{number}: {target}: no such heading")
     assert not broken, "\n".join(broken)
 
 
 def test_every_docs_page_is_linked_from_the_readme():
-    linked = {(README.parent / t.partition("#")[0]).resolve()
-              for _, line in prose(README) for t in LINK.findall(line)}
+    linked = {
+        (README.parent / t.partition("#")[0]).resolve()
+        for _, line in prose(README)
+        for t in LINK.findall(line)
+    }
     assert not [rel(p) for p in DOCS if p.resolve() not in linked]
 
 

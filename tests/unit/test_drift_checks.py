@@ -38,14 +38,16 @@ def states(items):
 
 # --- unit diff ---------------------------------------------------------------------------------
 
+
 def test_vllm_unit_renders_from_the_recipe_context():
     model = SPARK_MODEL
     text = render_unit(vllm_recipe.UNIT_TEMPLATE, vllm.unit_context(SPARK, SPARK_MODEL))
     assert f"ExecStart={vllm.executable(SPARK)} serve {model} \\\n" in text
     assert f"    --max-model-len {SPARK['max_model_len']} \\\n" in text
     assert "EnvironmentFile" not in text and text.endswith("WantedBy=multi-user.target\n")
-    keyed = render_unit(vllm_recipe.UNIT_TEMPLATE,
-                        vllm.unit_context({**SPARK, "api_key_file": "/k"}, SPARK_MODEL))
+    keyed = render_unit(
+        vllm_recipe.UNIT_TEMPLATE, vllm.unit_context({**SPARK, "api_key_file": "/k"}, SPARK_MODEL)
+    )
     assert "EnvironmentFile=/opt/servefleet/etc/vllm.env" in keyed
 
 
@@ -54,8 +56,9 @@ def test_llamacpp_unit_renders_with_the_lint_flag():
     text = render_unit(llama_recipe.UNIT_TEMPLATE, ctx)
     args = [line.strip().rstrip("\\").strip() for line in text.splitlines()]
     assert "--override-kv a.b=int:4" in args
-    plain = render_unit(llama_recipe.UNIT_TEMPLATE,
-                        llamacpp.unit_context(RTX, RTX_MODEL, override_kv=lambda: None))
+    plain = render_unit(
+        llama_recipe.UNIT_TEMPLATE, llamacpp.unit_context(RTX, RTX_MODEL, override_kv=lambda: None)
+    )
     assert "--override-kv" not in plain
 
 
@@ -73,11 +76,16 @@ def test_unit_diff_shows_the_changed_lines_with_context():
 
 def test_unit_diff_missing_whitespace_and_truncation():
     assert di.unit_diff("a\n", None, "/u") == "/u is missing"
-    assert di.unit_diff("a\nb\n", ["a", "b"], "/u") == "/u differs only in whitespace at the end of the file"
+    assert (
+        di.unit_diff("a\nb\n", ["a", "b"], "/u")
+        == "/u differs only in whitespace at the end of the file"
+    )
     expected = "\n".join(f"line {n}" for n in range(100))
     found = [f"LINE {n}" for n in range(100)]
     diff = di.unit_diff(expected, found, "/u", max_lines=10).splitlines()
-    assert len(diff) == 11 and diff[-1].startswith("... (") and diff[-1].endswith("more diff lines)")
+    assert (
+        len(diff) == 11 and diff[-1].startswith("... (") and diff[-1].endswith("more diff lines)")
+    )
 
 
 def test_sha1_matches_what_files_put_compares():
@@ -86,13 +94,18 @@ def test_sha1_matches_what_files_put_compares():
 
 # --- vLLM: versions and patch ------------------------------------------------------------------
 
+
 def test_versions_against_pins():
     pins = {"torch": "2.11.0", "vllm": "0.24.0"}
-    items = di.version_items("/v", {"torch": "2.11.0+cu130", "vllm": "0.24.0"}, pins, "13.0", "13.0")
+    items = di.version_items(
+        "/v", {"torch": "2.11.0+cu130", "vllm": "0.24.0"}, pins, "13.0", "13.0"
+    )
     assert set(states(items).values()) == {"in_sync"}
     items = di.version_items("/v", {"torch": "2.11.0", "vllm": "0.26.0"}, pins, "", "13.0")
     by = {i.name: i for i in items}
-    assert by["vllm version in /v"].state == "drifted" and by["vllm version in /v"].found == "0.26.0"
+    assert (
+        by["vllm version in /v"].state == "drifted" and by["vllm version in /v"].found == "0.26.0"
+    )
     assert by["torch.version.cuda"].found == "None (a CPU build)"
     items = di.version_items("/v", {}, pins, None, "13.0")
     assert [i.found for i in items] == ["not installed", "not installed"]  # no CUDA item
@@ -110,7 +123,9 @@ def test_patch_items_name_each_hash():
     assert reverted[0].found == f"{rec.pristine_sha256} (vLLM 0.24.0's own file)"
     assert reverted[1].found == "absent"
 
-    upgraded = dc.patch_items("0.24.0", True, "/q.py", new.pristine_sha256, rec.pristine_sha256, known)
+    upgraded = dc.patch_items(
+        "0.24.0", True, "/q.py", new.pristine_sha256, rec.pristine_sha256, known
+    )
     assert upgraded[0].found == f"{new.pristine_sha256} (vLLM 0.26.0's own file)"
     assert upgraded[1].state == "in_sync"
 
@@ -131,8 +146,13 @@ def test_patch_items_name_each_hash():
 # --- model -------------------------------------------------------------------------------------
 
 SHA, OTHER = "a" * 40, "b" * 40
-RECORD = {"repo_id": "org/m", "revision": "main", "sha": SHA, "include": ["*.gguf"],
-          "files": {"m.gguf": 10}}
+RECORD = {
+    "repo_id": "org/m",
+    "revision": "main",
+    "sha": SHA,
+    "include": ["*.gguf"],
+    "files": {"m.gguf": 10},
+}
 
 
 def test_model_on_a_branch_shows_the_resolved_and_recorded_sha():
@@ -158,8 +178,9 @@ def test_model_pinned_sha_include_and_invalid_record():
 
 def test_invalid_record_reason_names_the_files():
     files = {"a": 1, "b": 2, "c": 3}
-    assert invalid_record_reason({"files": files}, {"a": 1, "c": 4}) == \
-        "missing: b; size changed: c"
+    assert (
+        invalid_record_reason({"files": files}, {"a": 1, "c": 4}) == "missing: b; size changed: c"
+    )
     assert invalid_record_reason(None, {}) == "no record that the model was verified"
 
 
@@ -175,12 +196,15 @@ def test_model_record_files_fact_reads_every_name_the_shell_lists(tmp_path):
     command = fact.command(path=str(model), record=str(record), user="root")
     out = subprocess.run(["sh", "-c", command], capture_output=True, check=True).stdout
     lines = out.decode("utf-8").splitlines()  # pyinfra's reader: strict
-    assert fact.process(lines) == ({"files": {"a": 1}},
-                                   {"a": 1, os.fsdecode(b"b\xff"): 2, "c\n10 a": 1})
+    assert fact.process(lines) == (
+        {"files": {"a": 1}},
+        {"a": 1, os.fsdecode(b"b\xff"): 2, "c\n10 a": 1},
+    )
     assert fact.process([]) == (None, {})
 
 
 # --- llama.cpp build ---------------------------------------------------------------------------
+
 
 def test_flags_delta_shows_only_what_differs():
     a = {"X": "ON", "Y": "OFF"}
@@ -200,8 +224,10 @@ def test_build_items():
     by = {i.name: i for i in di.build_items(wanted, Builds({name: record}, f"{root}/{name}"))}
     assert by["llama.cpp current build"].state == "drifted"
     assert by["llama.cpp commit"].state == "in_sync"
-    assert (by["llama.cpp CMake flags"].expected, by["llama.cpp CMake flags"].found) == \
-        ("LLAMA_TOOLS_INSTALL=OFF", "LLAMA_TOOLS_INSTALL unset")
+    assert (by["llama.cpp CMake flags"].expected, by["llama.cpp CMake flags"].found) == (
+        "LLAMA_TOOLS_INSTALL=OFF",
+        "LLAMA_TOOLS_INSTALL unset",
+    )
 
     old = {**record, "commit": "c" * 40}
     by = {i.name: i for i in di.build_items(RTX, Builds({name: old}, f"{root}/{name}"))}
@@ -213,11 +239,16 @@ def test_build_items():
 
 # --- service and gating ------------------------------------------------------------------------
 
+
 def test_service_items():
     assert set(states(di.service_items("u", "running", True, True, True)).values()) == {"in_sync"}
     stopped = di.service_items("u", "running", True, False, True)
-    assert (stopped[0].name, stopped[0].state, stopped[0].expected, stopped[0].found) == \
-        ("u active", "drifted", "running", "stopped")
+    assert (stopped[0].name, stopped[0].state, stopped[0].expected, stopped[0].found) == (
+        "u active",
+        "drifted",
+        "running",
+        "stopped",
+    )
     assert di.service_items("u", "stopped", True, None, True)[0].state == "in_sync"
     assert di.service_items("u", "stopped", True, False, False)[1].found == "disabled"
 
@@ -227,8 +258,10 @@ def test_recipe_loaded_reads_the_plan_of_this_host():
         state = None
 
     mine, other = Host(), Host()
-    meta = {"h1": SimpleNamespace(names={"vLLM service | Service | Unit servefleet-vllm.service"}),
-            "h2": SimpleNamespace(names={"Base | Unit servefleet-vllm.service.d"})}
+    meta = {
+        "h1": SimpleNamespace(names={"vLLM service | Service | Unit servefleet-vllm.service"}),
+        "h2": SimpleNamespace(names={"Base | Unit servefleet-vllm.service.d"}),
+    }
     Host.state = SimpleNamespace(ops={mine: {"h1": None}, other: {"h2": None}}, op_meta=meta)
     assert dc.recipe_loaded(mine, vllm.UNIT)
     assert not dc.recipe_loaded(mine, llamacpp.UNIT)

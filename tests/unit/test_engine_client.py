@@ -42,9 +42,10 @@ def one_answer(raw: bytes) -> str:
 
 
 def test_a_chunked_event_stream_is_read_line_by_line_across_chunks():
-    body = b"data: {\"a\": 1}\n\ndata: [DONE]\n\n"
-    chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 5]), body[i:i + 5])
-                      for i in range(0, len(body), 5))
+    body = b'data: {"a": 1}\n\ndata: [DONE]\n\n'
+    chunks = b"".join(
+        b"%x\r\n%s\r\n" % (len(body[i : i + 5]), body[i : i + 5]) for i in range(0, len(body), 5)
+    )
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     url = one_answer(head + chunks + b"0\r\n\r\n")
     answer = ec.request(url, "POST", "/v1/chat/completions", ec.Deadline(5), {"x": 1})
@@ -75,8 +76,13 @@ def test_only_plain_http_urls_are_spoken(url):
 
 def test_strict_types():
     assert ec.count(8, "n", 0, 8) == 8
-    for bad, said in ((True, "got a boolean"), (8.0, "got a number"), (9, "out of range"),
-                      (-1, "out of range"), ("8", "got a string")):
+    for bad, said in (
+        (True, "got a boolean"),
+        (8.0, "got a number"),
+        (9, "out of range"),
+        (-1, "out of range"),
+        ("8", "got a string"),
+    ):
         with pytest.raises(ec.EngineError, match=said):
             ec.count(bad, "n", 0, 8)
     for bad in (float("inf"), float("nan"), True, None):
@@ -89,31 +95,53 @@ def test_strict_types():
 
 def test_the_bench_ships_the_reader_beside_itself_and_gives_it_a_deadline(monkeypatch):
     puts, commands = [], []
-    monkeypatch.setattr(bench, "put", lambda state, host, dest, content, **kw:
-                        puts.append((dest, content)) or True)
-    result = {"runs": [{"ttft_s": 0.1, "decode_tok_s": 50.0}], "median_ttft_s": 0.1,
-              "median_decode_tok_s": 50.0, "prompt_tokens": 20, "unmeasured": []}
-    monkeypatch.setattr(bench, "run", lambda host, cmd: commands.append(cmd) or
-                        (True, json.dumps(result), ""))
-    data = {"servefleet_root": "/opt/servefleet", "service_host": "127.0.0.1",
-            "service_port": 8000, "python_interpreter": "python3"}
+    monkeypatch.setattr(
+        bench, "put", lambda state, host, dest, content, **kw: puts.append((dest, content)) or True
+    )
+    result = {
+        "runs": [{"ttft_s": 0.1, "decode_tok_s": 50.0}],
+        "median_ttft_s": 0.1,
+        "median_decode_tok_s": 50.0,
+        "prompt_tokens": 20,
+        "unmeasured": [],
+    }
+    monkeypatch.setattr(
+        bench, "run", lambda host, cmd: commands.append(cmd) or (True, json.dumps(result), "")
+    )
+    data = {
+        "servefleet_root": "/opt/servefleet",
+        "service_host": "127.0.0.1",
+        "service_port": 8000,
+        "python_interpreter": "python3",
+    }
     host = SimpleNamespace(name="n1", state=None, data=SimpleNamespace(dict=lambda: data))
     monkeypatch.setattr(bench, "python", lambda: "python3")
     res = bench.bench_host(host, 1, 16, 8)
     assert res.ok and res.median_decode_tok_s == 50.0, res
-    assert [d for d, _ in puts] == ["/opt/servefleet/bin/engine_client.py",
-                                    "/opt/servefleet/bin/servefleet-stream-bench"]
+    assert [d for d, _ in puts] == [
+        "/opt/servefleet/bin/engine_client.py",
+        "/opt/servefleet/bin/servefleet-stream-bench",
+    ]
     assert puts[0][1] == (REPO / serving.ENGINE_CLIENT).read_bytes()
     assert f"--timeout {bench.BENCH_TIMEOUT_S}" in commands[0]
 
 
-@pytest.mark.parametrize("raw, said", [
-    ({"runs": [], "median_ttft_s": 0.1, "median_decode_tok_s": None,
-      "unmeasured": ["decode: the stream sent no usage (completion_tokens)"]},
-     "not measured: decode: the stream sent no usage"),
-    ({"runs": [], "median_ttft_s": 0.1, "median_decode_tok_s": -3.0}, "no decode tok/s"),
-    ({"runs": [], "median_ttft_s": None, "median_decode_tok_s": 9.0}, "no TTFT"),
-])
+@pytest.mark.parametrize(
+    "raw, said",
+    [
+        (
+            {
+                "runs": [],
+                "median_ttft_s": 0.1,
+                "median_decode_tok_s": None,
+                "unmeasured": ["decode: the stream sent no usage (completion_tokens)"],
+            },
+            "not measured: decode: the stream sent no usage",
+        ),
+        ({"runs": [], "median_ttft_s": 0.1, "median_decode_tok_s": -3.0}, "no decode tok/s"),
+        ({"runs": [], "median_ttft_s": None, "median_decode_tok_s": 9.0}, "no TTFT"),
+    ],
+)
 def test_a_figure_the_bench_could_not_measure_is_no_result(raw, said):
     res = bench.read_result("n1", {}, True, json.dumps(raw), "")
     assert not res.ok and said in res.error

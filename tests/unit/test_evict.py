@@ -35,8 +35,12 @@ def tree():
 
 
 def evict(*args, timeout=30):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_eviction_runs_as_the_owner_and_follows_no_symlink(tree):

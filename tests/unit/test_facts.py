@@ -3,8 +3,13 @@
 import json
 from pathlib import Path
 
-from servefleet.core.node import (node_problems, parse_meminfo, parse_nvidia_smi, parse_os_release,
-                                  usable_memory)
+from servefleet.core.node import (
+    node_problems,
+    parse_meminfo,
+    parse_nvidia_smi,
+    parse_os_release,
+    usable_memory,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -40,16 +45,22 @@ def test_unified_memory_gpu_reports_no_memory_and_system_memory_is_used():
 
 
 def test_meminfo_and_os_release():
-    mem = parse_meminfo(["MemTotal:       24576000 kB", "MemFree: 100 kB",
-                         "MemAvailable:   20000000 kB"])
+    mem = parse_meminfo(
+        ["MemTotal:       24576000 kB", "MemFree: 100 kB", "MemAvailable:   20000000 kB"]
+    )
     assert mem == {"total": 24576000 * 1024, "available": 20000000 * 1024}
     info = parse_os_release(['PRETTY_NAME="Ubuntu 24.04.3 LTS"', "ID=ubuntu", 'VERSION_ID="24.04"'])
     assert info["family"] == "ubuntu" and info["version_id"] == "24.04"
 
 
 def _data(**kw):
-    base = {"require_gpu": True, "min_driver_version": 580, "expected_arch": "aarch64",
-            "min_free_disk_bytes": 10, "servefleet_root": "/opt/servefleet"}
+    base = {
+        "require_gpu": True,
+        "min_driver_version": 580,
+        "expected_arch": "aarch64",
+        "min_free_disk_bytes": 10,
+        "servefleet_root": "/opt/servefleet",
+    }
     return {**base, **kw}
 
 
@@ -60,12 +71,15 @@ def test_preflight_names_each_problem():
     assert "x86_64" in text and "aarch64" in text
     assert "550.54.14" in text and "580" in text
     assert "need" in text
-    assert node_problems(arch="x86_64", gpus=[], free_disk=1,
-                         data=_data(expected_arch=None, min_free_disk_bytes=0))[0].startswith(
-        "no NVIDIA GPU")
+    assert node_problems(
+        arch="x86_64", gpus=[], free_disk=1, data=_data(expected_arch=None, min_free_disk_bytes=0)
+    )[0].startswith("no NVIDIA GPU")
 
 
 def test_preflight_without_gpu_requirement_passes_a_cpu_host():
-    assert node_problems(arch="x86_64", gpus=[], free_disk=100,
-                         data=_data(require_gpu=False, expected_arch=None)) == []
-
+    assert (
+        node_problems(
+            arch="x86_64", gpus=[], free_disk=100, data=_data(require_gpu=False, expected_arch=None)
+        )
+        == []
+    )

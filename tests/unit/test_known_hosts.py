@@ -17,19 +17,29 @@ import pytest
 from pyinfra.context import ctx_host
 
 from servefleet.core.errors import DataError
-from servefleet.core.known_hosts import (PinError, host_name, keys_for, names_host, pinned_keys,
-                                         valid_key)
+from servefleet.core.known_hosts import (
+    PinError,
+    host_name,
+    keys_for,
+    names_host,
+    pinned_keys,
+    valid_key,
+)
 from servefleet.operations import depot as depot_ops
 from servefleet_dev.testbed.material import load as group_data
 
 ED = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIrYhqzwYR7ylhrqwirGhOuqk9SlRaXkqElwR3boWFC3"
-EC = ("ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBPL/yP22vjoWXiTGiRnJ"
-      "1jTKde87vT99F2GAypNFak7QXEbjBxwsz+L4FSiD9TJ7nHqQC6LlE1on5xMFzx1d2uY=")
+EC = (
+    "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBPL/yP22vjoWXiTGiRnJ"
+    "1jTKde87vT99F2GAypNFak7QXEbjBxwsz+L4FSiD9TJ7nHqQC6LlE1on5xMFzx1d2uY="
+)
 OTHER = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPiMnd5kCqJe9KXRJPiOfH2FOUH0aHaVAImtncl+/r52"
 OLD = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHfPkJCSQXt+gX8uWjl/+cn5BJvcU3Nc5I3p3Bsw7Q1A"
 CA = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ1HwUhoMzeHHfn6sMkvM+FuZlWET586394UgtynClDw"
-HASHED = (f"|1|1WMk5CWmYMAZ6EvCBUHOhwaCYSs=|MIWry/I4K6bHXKxPl97SkwXBeqw= {ED}\n"
-          f"|1|Yh5/g3+wZRQG+FsPlKEv7jlT8Jk=|dgpC9UKRipJOvLP0HKHwV+y6wzQ= {EC}\n")
+HASHED = (
+    f"|1|1WMk5CWmYMAZ6EvCBUHOhwaCYSs=|MIWry/I4K6bHXKxPl97SkwXBeqw= {ED}\n"
+    f"|1|Yh5/g3+wZRQG+FsPlKEv7jlT8Jk=|dgpC9UKRipJOvLP0HKHwV+y6wzQ= {EC}\n"
+)
 DEPOT = "[10.77.0.5]:2222"
 
 
@@ -46,20 +56,22 @@ def test_hashed_lines_name_their_host_only():
 
 
 def test_patterns_negation_markers_and_junk():
-    text = "\n".join([
-        "# a comment naming [10.77.0.5]:2222 " + OTHER,
-        "",
-        f"*.example.org,!bad.example.org {OTHER} a comment",
-        f"{DEPOT},depot-1 {ED}",
-        f"{DEPOT} {ED}",  # the same key twice: once
-        f"@cert-authority {DEPOT} {CA}",  # a CA, not a key to pin
-        f"{DEPOT} {OLD}",
-        f"@revoked * {OLD}",  # revoked: never pinned
-        f"{DEPOT} ssh-dss AAAAB3NzaC1kc3MAAACBAP",  # a type OpenSSH no longer takes
-        f"{DEPOT} ssh-ed25519 AAAAB3NzaC1yc2EAAAADAQABAAABAQ==",  # blob of another type
-        f"{DEPOT} ssh-ed25519 %%%notbase64",
-        f"{DEPOT}",  # no key at all
-    ])
+    text = "\n".join(
+        [
+            "# a comment naming [10.77.0.5]:2222 " + OTHER,
+            "",
+            f"*.example.org,!bad.example.org {OTHER} a comment",
+            f"{DEPOT},depot-1 {ED}",
+            f"{DEPOT} {ED}",  # the same key twice: once
+            f"@cert-authority {DEPOT} {CA}",  # a CA, not a key to pin
+            f"{DEPOT} {OLD}",
+            f"@revoked * {OLD}",  # revoked: never pinned
+            f"{DEPOT} ssh-dss AAAAB3NzaC1kc3MAAACBAP",  # a type OpenSSH no longer takes
+            f"{DEPOT} ssh-ed25519 AAAAB3NzaC1yc2EAAAADAQABAAABAQ==",  # blob of another type
+            f"{DEPOT} ssh-ed25519 %%%notbase64",
+            f"{DEPOT}",  # no key at all
+        ]
+    )
     assert keys_for(text, [DEPOT]) == [ED]
     assert keys_for(text, ["depot-1"]) == [ED]
     assert keys_for(text, ["a.EXAMPLE.org"]) == [OTHER]
@@ -72,13 +84,25 @@ def test_patterns_negation_markers_and_junk():
 def test_the_same_names_match_as_openssh_finds_them(tmp_path):
     """Differential: ssh-keygen -F (OpenSSH's own host matching) finds a key for a name
     exactly when keys_for does."""
-    text = (f"*.example.org,!bad.example.org {OTHER}\n10.0.0.? {OTHER}\n{DEPOT},depot-1 {ED}\n"
-            + HASHED)
+    text = (
+        f"*.example.org,!bad.example.org {OTHER}\n10.0.0.? {OTHER}\n{DEPOT},depot-1 {ED}\n" + HASHED
+    )
     (tmp_path / "kh").write_text(text)
-    for name in ("a.example.org", "bad.example.org", "A.Example.Org", "10.0.0.7", "10.0.0.77",
-                 DEPOT, "depot-1", "10.77.0.5", "[10.77.0.5]:22", "depot-2"):
-        found = subprocess.run(["ssh-keygen", "-F", name, "-f", str(tmp_path / "kh")],
-                               capture_output=True, text=True).stdout
+    for name in (
+        "a.example.org",
+        "bad.example.org",
+        "A.Example.Org",
+        "10.0.0.7",
+        "10.0.0.77",
+        DEPOT,
+        "depot-1",
+        "10.77.0.5",
+        "[10.77.0.5]:22",
+        "depot-2",
+    ):
+        found = subprocess.run(
+            ["ssh-keygen", "-F", name, "-f", str(tmp_path / "kh")], capture_output=True, text=True
+        ).stdout
         assert bool(keys_for(text, [name])) == ("found" in found), name
 
 
@@ -86,11 +110,14 @@ def test_a_file_without_a_key_for_the_depot_is_refused(tmp_path):
     kh = tmp_path / "known_hosts"
     kh.write_text(HASHED)
     assert pinned_keys(str(kh), [DEPOT]) == (ED, EC)
-    for path, reason in [(None, "has no ssh_known_hosts_file"), ("", "has no ssh_known_hosts_file"),
-                         (str(tmp_path / "missing"), "cannot be read (No such file"),
-                         ("/dev/null", "keeps no key (not a regular file)"),
-                         (str(tmp_path), "keeps no key (not a regular file)"),
-                         (str(kh), "holds no key for 10.0.0.9 or depot-9")]:
+    for path, reason in [
+        (None, "has no ssh_known_hosts_file"),
+        ("", "has no ssh_known_hosts_file"),
+        (str(tmp_path / "missing"), "cannot be read (No such file"),
+        ("/dev/null", "keeps no key (not a regular file)"),
+        (str(tmp_path), "keeps no key (not a regular file)"),
+        (str(kh), "holds no key for 10.0.0.9 or depot-9"),
+    ]:
         with pytest.raises(PinError, match=re.escape(reason)):
             pinned_keys(path, ["10.0.0.9", "depot-9"] if path == str(kh) else [DEPOT])
 
@@ -104,12 +131,18 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
 
 # --- locate(): what nodes pin, and the one line when there is nothing pinned ---------------------
 
+
 def _locate(tmp_path, **depot_entry):
-    data = {**group_data("all", "depot"), "ssh_hostname": "10.77.0.5", "ssh_port": 2222,
-            **depot_entry}
+    data = {
+        **group_data("all", "depot"),
+        "ssh_hostname": "10.77.0.5",
+        "ssh_port": 2222,
+        **depot_entry,
+    }
     depot = SimpleNamespace(name="depot-1", data=data)
-    inventory = SimpleNamespace(get_host=lambda name, default=None:
-                                depot if name == "depot-1" else default)
+    inventory = SimpleNamespace(
+        get_host=lambda name, default=None: depot if name == "depot-1" else default
+    )
     with ctx_host.use(SimpleNamespace(name="spark-1", inventory=inventory)):
         return depot_ops.locate("depot-1")
 
@@ -121,20 +154,35 @@ def test_nodes_pin_the_operators_keys_under_the_name_they_reach_the_depot_by(tmp
     assert where.host_keys == (ED, EC) and where.ssh_name == DEPOT
     # Nodes reach it on the private network: the operator's entry (its own name) is the
     # machine's key, written under the private address.
-    private = _locate(tmp_path, ssh_known_hosts_file=str(kh), ssh_strict_host_key_checking="yes",
-                      depot_address="192.168.50.2")
+    private = _locate(
+        tmp_path,
+        ssh_known_hosts_file=str(kh),
+        ssh_strict_host_key_checking="yes",
+        depot_address="192.168.50.2",
+    )
     assert private.host_keys == (ED, EC) and private.ssh_name == "[192.168.50.2]:2222"
 
 
-@pytest.mark.parametrize("entry, reason", [
-    ({}, "(it has no ssh_known_hosts_file)"),
-    ({"ssh_known_hosts_file": "/dev/null", "ssh_strict_host_key_checking": "yes"}, "keeps no key"),
-    ({"ssh_known_hosts_file": "OTHER", "ssh_strict_host_key_checking": "yes"},
-     "holds no key for [10.77.0.5]:2222"),
-    ({"ssh_known_hosts_file": "PINNED"}, "ssh_strict_host_key_checking is not set"),
-    ({"ssh_known_hosts_file": "PINNED", "ssh_strict_host_key_checking": "accept-new"},
-     "ssh_strict_host_key_checking is 'accept-new'"),
-], ids=["no-file", "dev-null", "no-entry", "strict-unset", "accept-new"])
+@pytest.mark.parametrize(
+    "entry, reason",
+    [
+        ({}, "(it has no ssh_known_hosts_file)"),
+        (
+            {"ssh_known_hosts_file": "/dev/null", "ssh_strict_host_key_checking": "yes"},
+            "keeps no key",
+        ),
+        (
+            {"ssh_known_hosts_file": "OTHER", "ssh_strict_host_key_checking": "yes"},
+            "holds no key for [10.77.0.5]:2222",
+        ),
+        ({"ssh_known_hosts_file": "PINNED"}, "ssh_strict_host_key_checking is not set"),
+        (
+            {"ssh_known_hosts_file": "PINNED", "ssh_strict_host_key_checking": "accept-new"},
+            "ssh_strict_host_key_checking is 'accept-new'",
+        ),
+    ],
+    ids=["no-file", "dev-null", "no-entry", "strict-unset", "accept-new"],
+)
 def test_a_depot_without_a_pinned_key_stops_the_run_with_one_line(tmp_path, entry, reason):
     (tmp_path / "pinned").write_text(f"{DEPOT} {ED}\n")
     (tmp_path / "other").write_text(f"10.77.0.6 {OTHER}\n")
@@ -145,8 +193,9 @@ def test_a_depot_without_a_pinned_key_stops_the_run_with_one_line(tmp_path, entr
         _locate(tmp_path, **entry)
     message = str(err.value)
     assert "\n" not in message and reason in message, message
-    assert message.startswith("invalid data for host spark-1: depot depot-1 has no pinned SSH "
-                              "host key")
+    assert message.startswith(
+        "invalid data for host spark-1: depot depot-1 has no pinned SSH host key"
+    )
     assert "set ssh_known_hosts_file to a file holding its key for [10.77.0.5]:2222" in message
     assert "ssh_strict_host_key_checking: yes" in message
     assert message.endswith("nothing was changed")

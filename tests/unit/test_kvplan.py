@@ -34,13 +34,22 @@ AGENTWORLD = {
     "model_type": "qwen3_5_moe",
     "dtype": "bfloat16",
     "text_config": {
-        "model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
+        "model_type": "qwen3_5_moe_text",
+        "hidden_size": 2048,
+        "num_hidden_layers": 40,
         "full_attention_interval": 4,
         "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 10,
-        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
-        "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32",
-        "max_position_embeddings": 262144, "dtype": "bfloat16",
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "mamba_ssm_dtype": "float32",
+        "max_position_embeddings": 262144,
+        "dtype": "bfloat16",
     },
 }
 # The model's config.json as vLLM reads it (a copy of ../shared/agentworld-config.json).
@@ -61,7 +70,9 @@ def config_path(tmp_path):
 
 
 def test_shared_config_file_gives_same_plan(config):
-    assert plan_kv(load_config(SHARED_CONFIG), 262_144, 8 * GiB) == plan_kv(config, 262_144, 8 * GiB)
+    assert plan_kv(load_config(SHARED_CONFIG), 262_144, 8 * GiB) == plan_kv(
+        config, 262_144, 8 * GiB
+    )
 
 
 def text_config(config, **changes):
@@ -72,6 +83,7 @@ def text_config(config, **changes):
 
 
 # --- the published numbers -------------------------------------------------------------------
+
 
 def test_published_8gib_pool(config):
     # num_blocks = 8,589,934,592 // 2,162,688 // 10 = 3,971 // 10 = 397
@@ -101,6 +113,7 @@ def test_published_4gib_pool_refused(config):
 
 
 # --- other lengths, pools, configs -----------------------------------------------------------
+
 
 def test_shorter_max_model_len(config):
     # cdiv(131,072, 1,056) = 125 -> 128 blocks per request; 397 / 128 = 3.1015625
@@ -147,14 +160,27 @@ def test_qwen3_next_flat_config():
     # num_blocks = 7,710 // 12 = 642; per request = 482 + 3 = 485; 642 / 485 = 1.3237
     # tokens = int(1.3237 * 262,144) = 347,002
     cfg = {
-        "architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 48,
-        "full_attention_interval": 4, "num_attention_heads": 16, "num_key_value_heads": 2,
-        "head_dim": 256, "hidden_size": 2048, "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-        "linear_conv_kernel_dim": 4, "dtype": "bfloat16",
+        "architectures": ["Qwen3NextForCausalLM"],
+        "num_hidden_layers": 48,
+        "full_attention_interval": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "hidden_size": 2048,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "dtype": "bfloat16",
     }
     plan = plan_kv(cfg, 262_144, 8 * GiB)
-    assert (plan.block_size, plan.group_size, plan.full_groups, plan.mamba_groups) == (544, 12, 1, 3)
+    assert (plan.block_size, plan.group_size, plan.full_groups, plan.mamba_groups) == (
+        544,
+        12,
+        1,
+        3,
+    )
     assert plan.bytes_per_block == 13_369_344
     assert plan.num_blocks == 642
     assert plan.tokens == 347_002
@@ -167,8 +193,9 @@ def test_uneven_layer_counts_are_padded(config):
     # 35 layers: 10 full + 25 linear.
     # group_size = 10; linear groups = cdiv(25, 10) = 3 (sizes 9, 8, 8) -> 5 padding layers.
     # Padding costs memory: blocks and per-request blocks equal the 40-layer model's.
-    types = (["linear_attention"] * 2 + ["full_attention"]) * 5 \
-        + (["linear_attention"] * 3 + ["full_attention"]) * 5
+    types = (["linear_attention"] * 2 + ["full_attention"]) * 5 + (
+        ["linear_attention"] * 3 + ["full_attention"]
+    ) * 5
     assert (types.count("full_attention"), types.count("linear_attention")) == (10, 25)
     cfg = text_config(config, num_hidden_layers=35, layer_types=types)
     plan = plan_kv(cfg, 262_144, 8 * GiB)
@@ -183,7 +210,12 @@ def test_near_equal_layer_counts_use_the_larger_group(config):
     types = ["linear_attention", "full_attention"] * 8 + ["linear_attention"] * 2
     cfg = text_config(config, num_hidden_layers=18, layer_types=types)
     plan = plan_kv(cfg, 32_768, 8 * GiB)
-    assert (plan.group_size, plan.full_groups, plan.mamba_groups, plan.padding_layers) == (10, 1, 1, 2)
+    assert (plan.group_size, plan.full_groups, plan.mamba_groups, plan.padding_layers) == (
+        10,
+        1,
+        1,
+        2,
+    )
     assert plan.blocks_per_request == 33
     assert plan.tokens == 394_208
 
@@ -213,11 +245,13 @@ def test_rejects_config_without_full_attention(config):
 
 # --- CLI -------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def run_cli(capsys, config_path):
     def run(*args):
         rc = cli.main(["plan-kv", "--config", str(config_path), "--max-model-len", "262144", *args])
         return rc, capsys.readouterr()
+
     return run
 
 
@@ -225,8 +259,15 @@ def test_cli_json_fits(run_cli):
     rc, out = run_cli("--kv-cache-memory-bytes", "8589934592", "--json")
     data = json.loads(out.out)
     assert rc == 0
-    assert set(data) == {"block_size", "bytes_per_block", "num_blocks", "tokens",
-                         "max_concurrency", "needed_bytes", "fits"}
+    assert set(data) == {
+        "block_size",
+        "bytes_per_block",
+        "num_blocks",
+        "tokens",
+        "max_concurrency",
+        "needed_bytes",
+        "fits",
+    }
     assert (data["block_size"], data["tokens"], data["fits"]) == (1056, 412_980, True)
     assert round(data["max_concurrency"], 2) == 1.58
 
@@ -251,9 +292,18 @@ def test_cli_human_output(run_cli):
 
 def test_cli_console_script_exit_codes(config_path):
     # The installed entry point passes run()'s return value to sys.exit.
-    base = [sys.executable, "-c", "import sys; from servefleet.cli import main; sys.exit(main())",
-            "plan-kv", "--config", str(config_path),
-            "--max-model-len", "262144", "--json", "--kv-cache-memory-bytes"]
+    base = [
+        sys.executable,
+        "-c",
+        "import sys; from servefleet.cli import main; sys.exit(main())",
+        "plan-kv",
+        "--config",
+        str(config_path),
+        "--max-model-len",
+        "262144",
+        "--json",
+        "--kv-cache-memory-bytes",
+    ]
     ok = subprocess.run(base + ["8GiB"], capture_output=True, text=True)
     refused = subprocess.run(base + ["4GiB"], capture_output=True, text=True)
     assert (ok.returncode, refused.returncode) == (0, 1)
@@ -261,8 +311,17 @@ def test_cli_console_script_exit_codes(config_path):
 
 
 def test_cli_bad_config_exits_2(tmp_path):
-    rc = cli.main(["plan-kv", "--config", str(tmp_path / "missing.json"),
-                   "--max-model-len", "4096", "--kv-cache-memory-bytes", "1GiB"])
+    rc = cli.main(
+        [
+            "plan-kv",
+            "--config",
+            str(tmp_path / "missing.json"),
+            "--max-model-len",
+            "4096",
+            "--kv-cache-memory-bytes",
+            "1GiB",
+        ]
+    )
     assert rc == 2
 
 
@@ -279,8 +338,17 @@ def checkpoint(tmp_path):
 
 def test_cli_budget_fits(run_cli, checkpoint):
     # 3,000 B weights + 8 GiB pool + 1 GiB overhead = 9 GiB + 3,000 B <= 10 GiB
-    rc, out = run_cli("--kv-cache-memory-bytes", "8GiB", "--checkpoint", str(checkpoint),
-                      "--usable-memory-bytes", "10GiB", "--overhead-bytes", "1GiB", "--json")
+    rc, out = run_cli(
+        "--kv-cache-memory-bytes",
+        "8GiB",
+        "--checkpoint",
+        str(checkpoint),
+        "--usable-memory-bytes",
+        "10GiB",
+        "--overhead-bytes",
+        "1GiB",
+        "--json",
+    )
     data = json.loads(out.out)
     assert rc == 0
     assert data["weights_bytes"] == 3000
@@ -290,19 +358,35 @@ def test_cli_budget_fits(run_cli, checkpoint):
 
 def test_cli_budget_refused(run_cli, checkpoint):
     # 9 GiB + 3,000 B > 9 GiB usable: the KV pool fits but the process does not -> exit 1
-    rc, out = run_cli("--kv-cache-memory-bytes", "8GiB", "--checkpoint", str(checkpoint),
-                      "--usable-memory-bytes", str(9 * GiB), "--overhead-bytes", "1GiB")
+    rc, out = run_cli(
+        "--kv-cache-memory-bytes",
+        "8GiB",
+        "--checkpoint",
+        str(checkpoint),
+        "--usable-memory-bytes",
+        str(9 * GiB),
+        "--overhead-bytes",
+        "1GiB",
+    )
     assert rc == 1
     assert "OVER BUDGET" in out.out
-    rc, out = run_cli("--kv-cache-memory-bytes", "8GiB", "--checkpoint", str(checkpoint),
-                      "--usable-memory-bytes", str(9 * GiB), "--overhead-bytes", "1GiB", "--json")
+    rc, out = run_cli(
+        "--kv-cache-memory-bytes",
+        "8GiB",
+        "--checkpoint",
+        str(checkpoint),
+        "--usable-memory-bytes",
+        str(9 * GiB),
+        "--overhead-bytes",
+        "1GiB",
+        "--json",
+    )
     assert rc == 1 and json.loads(out.out)["budget_fits"] is False
 
 
 def test_cli_budget_defaults_to_spark(run_cli, checkpoint):
     # Defaults: 114 GiB usable (DGX Spark), 4 GiB overhead estimate.
-    rc, out = run_cli("--kv-cache-memory-bytes", "8GiB", "--checkpoint", str(checkpoint),
-                      "--json")
+    rc, out = run_cli("--kv-cache-memory-bytes", "8GiB", "--checkpoint", str(checkpoint), "--json")
     data = json.loads(out.out)
     assert rc == 0
     assert (data["usable_memory_bytes"], data["overhead_bytes"]) == (114 * GiB, 4 * GiB)

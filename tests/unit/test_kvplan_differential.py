@@ -63,10 +63,17 @@ def _edge_cases() -> list[tuple[str, dict]]:
     """Head fields absent or null, for the three architectures: shapes kept out of the random
     cases, where plan-kv must either refuse (ValueError) or give vLLM's numbers."""
     moe = AGENTWORLD_CASE["config"]
-    dense = {**moe, "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-             "text_config": {**moe["text_config"], "model_type": "qwen3_5_text"}}
-    flat = {**{k: v for k, v in moe["text_config"].items() if k != "layer_types"},
-            "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"}
+    dense = {
+        **moe,
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": {**moe["text_config"], "model_type": "qwen3_5_text"},
+    }
+    flat = {
+        **{k: v for k, v in moe["text_config"].items() if k != "layer_types"},
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+    }
     out = []
     for arch, config in (("Qwen3.5-MoE", moe), ("Qwen3.5", dense), ("Qwen3-Next", flat)):
         for key in ("head_dim", "num_key_value_heads"):
@@ -96,9 +103,23 @@ def vllm_results(tmp_path_factory) -> dict:
     with cache_lock(venv.name):
         started = time.monotonic()
         done = subprocess.run(
-            [str(venv / "bin" / "python"), "-I", str(PROBE), "--seed", str(SEED), "--n", str(N),
-             "--cases", str(extra), "--workdir", str(work)],
-            cwd=work, capture_output=True, text=True, timeout=600,
+            [
+                str(venv / "bin" / "python"),
+                "-I",
+                str(PROBE),
+                "--seed",
+                str(SEED),
+                "--n",
+                str(N),
+                "--cases",
+                str(extra),
+                "--workdir",
+                str(work),
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=600,
             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
         )
         elapsed = time.monotonic() - started
@@ -107,9 +128,10 @@ def vllm_results(tmp_path_factory) -> dict:
     header, results = lines[0], lines[1:]
     assert header["vllm"] == VERSION, header
     assert len(results) == N + 1 + len(EDGE_CASES), f"[{REPRO}] {len(results)} results"
-    print(f"kvplan differential: vLLM {header['vllm']} sized {len(results)} cases in "
-          f"{elapsed:.1f} s")
-    return {"random": results[:N], "agentworld": results[N], "edge": results[N + 1:]}
+    print(
+        f"kvplan differential: vLLM {header['vllm']} sized {len(results)} cases in {elapsed:.1f} s"
+    )
+    return {"random": results[:N], "agentworld": results[N], "edge": results[N + 1 :]}
 
 
 def plan_for(result: dict):
@@ -144,8 +166,11 @@ def differences(result: dict) -> dict:
         ("attn_bytes_per_token", attn_bytes_per_token(m), v["attn_bytes_per_token"]),
         ("mamba_state_bytes", mamba_state_bytes(m), v["mamba_state_bytes"]),
         # step 2: block size and padding
-        ("attention_block_size()", attention_block_size(m, case["block_alignment"]),
-         v["block_size"]),
+        (
+            "attention_block_size()",
+            attention_block_size(m, case["block_alignment"]),
+            v["block_size"],
+        ),
         ("block_size", plan.block_size, v["block_size"]),
         ("page_bytes", plan.page_bytes, v["page_bytes"]),
         ("page_bytes (attention spec)", plan.page_bytes, v["attn_page_bytes"]),
@@ -164,34 +189,53 @@ def differences(result: dict) -> dict:
         ("needed_bytes", plan.needed_bytes, v["needed_bytes"]),
         ("estimated_max_model_len", plan.estimated_max_model_len, v["estimated_max_model_len"]),
         ("max_concurrency", plan.max_concurrency, v["max_concurrency"]),
-        ("max_concurrency (2 decimals)", f"{plan.max_concurrency:.2f}",
-         f"{v['max_concurrency']:.2f}"),
+        (
+            "max_concurrency (2 decimals)",
+            f"{plan.max_concurrency:.2f}",
+            f"{v['max_concurrency']:.2f}",
+        ),
         ("tokens", plan.tokens, v["tokens"]),
         ("fits", plan.fits, not v["refused"]),
         # as vLLM logs them
-        ("log_block_size",
-         f"Setting attention block size to {plan.block_size} tokens to ensure that attention "
-         "page size is >= mamba page size." if logs_block_size else None,
-         v["log_block_size"]),
-        ("log_tokens", f"GPU KV cache size: {plan.tokens:,} tokens" if plan.fits else None,
-         v["log_tokens"]),
-        ("log_concurrency",
-         f"Maximum concurrency for {plan.max_model_len:,} tokens per request: "
-         f"{plan.max_concurrency:.2f}x" if plan.fits else None,
-         v["log_concurrency"]),
+        (
+            "log_block_size",
+            f"Setting attention block size to {plan.block_size} tokens to ensure that attention "
+            "page size is >= mamba page size."
+            if logs_block_size
+            else None,
+            v["log_block_size"],
+        ),
+        (
+            "log_tokens",
+            f"GPU KV cache size: {plan.tokens:,} tokens" if plan.fits else None,
+            v["log_tokens"],
+        ),
+        (
+            "log_concurrency",
+            f"Maximum concurrency for {plan.max_model_len:,} tokens per request: "
+            f"{plan.max_concurrency:.2f}x"
+            if plan.fits
+            else None,
+            v["log_concurrency"],
+        ),
     ]
     diff = {name: (ours, theirs) for name, ours, theirs in pairs if ours != theirs}
     if v["refused"]:
         # "To serve at least one request with the model's max seq len (L), (X GiB KV cache is
         # needed, which is larger than the available KV cache memory (Y GiB). [Based on the
         # available memory, the estimated maximum model length is E. ]Try increasing ..."
-        hint = (f"Based on the available memory, the estimated maximum model length is "
-                f"{plan.estimated_max_model_len}. "
-                if plan.estimated_max_model_len else "Try increasing")
-        for text in (f"max seq len ({plan.max_model_len})",
-                     f"({format_gib(plan.needed_bytes)} GiB KV cache is needed, which is larger "
-                     f"than the available KV cache memory "
-                     f"({format_gib(plan.kv_cache_memory_bytes)} GiB). {hint}"):
+        hint = (
+            f"Based on the available memory, the estimated maximum model length is "
+            f"{plan.estimated_max_model_len}. "
+            if plan.estimated_max_model_len
+            else "Try increasing"
+        )
+        for text in (
+            f"max seq len ({plan.max_model_len})",
+            f"({format_gib(plan.needed_bytes)} GiB KV cache is needed, which is larger "
+            f"than the available KV cache memory "
+            f"({format_gib(plan.kv_cache_memory_bytes)} GiB). {hint}",
+        ):
             if text not in v["refusal"]:
                 diff.setdefault("refusal", (text, v["refusal"]))
     return diff
@@ -215,19 +259,29 @@ def test_plan_kv_matches_vllm_on_random_configs(vllm_results):
         if diff:
             mismatches.append({"index": result["index"], "diff": diff, "case": result["case"]})
     refused = sum(r["vllm"]["refused"] for r in results if "vllm" in r)
-    print(f"kvplan differential: seed {SEED}: {len(results)} configs, {refused} refused by vLLM, "
-          f"{len(mismatches)} differ from plan-kv")
+    print(
+        f"kvplan differential: seed {SEED}: {len(results)} configs, {refused} refused by vLLM, "
+        f"{len(mismatches)} differ from plan-kv"
+    )
     shown = "\n".join(
         f"case {m['index']}: {json.dumps(m['diff'], default=str)}\n  {json.dumps(m['case'])}"
-        for m in mismatches[:3])
+        for m in mismatches[:3]
+    )
     assert not mismatches, (
         f"[{REPRO}] plan-kv differs from vLLM {VERSION} on {len(mismatches)} of {len(results)} "
-        f"configs; the first ones, {{field: [plan-kv, vLLM]}} and the case:\n{shown}")
+        f"configs; the first ones, {{field: [plan-kv, vLLM]}} and the case:\n{shown}"
+    )
     # The random cases must reach both outcomes and the interesting branches.
     assert 0 < refused < len(results), REPRO
     if N >= 500:  # the rarest of these is ~5% of cases
-        seen = {(r["case"]["mamba_cache_mode"], r["vllm"]["refused"],
-                 r["vllm"]["log_block_size"] is not None) for r in results}
+        seen = {
+            (
+                r["case"]["mamba_cache_mode"],
+                r["vllm"]["refused"],
+                r["vllm"]["log_block_size"] is not None,
+            )
+            for r in results
+        }
         assert len(seen) == 8, f"[{REPRO}] branches reached: {sorted(seen)}"
 
 
@@ -269,4 +323,7 @@ def test_absent_or_null_head_fields_refused_or_as_vllm(vllm_results):
     assert by_label["Qwen3.5-MoE, head_dim null"]["vllm"]["head_size"] == 2048 // 16
     assert "error" in by_label["Qwen3.5-MoE, num_key_value_heads null"]
     assert {label for label, (what, _) in outcomes.items() if what == "same numbers"} == {
-        "Qwen3.5-MoE, head_dim null", "Qwen3.5, head_dim null", "Qwen3-Next, head_dim null"}
+        "Qwen3.5-MoE, head_dim null",
+        "Qwen3.5, head_dim null",
+        "Qwen3-Next, head_dim null",
+    }

@@ -9,8 +9,10 @@ def test_default_tree():
     assert lay.engine_venv("vllm", "0.24.0") == "/opt/servefleet/venvs/vllm-0.24.0"
     assert lay.llama_prefix("b9785-abc") == "/opt/servefleet/llama.cpp/b9785-abc"
     assert lay.llama_server("b9785-abc") == "/opt/servefleet/llama.cpp/b9785-abc/bin/llama-server"
-    assert lay.model_dir("Qwen/Qwen-AgentWorld-35B-A3B", "main") == \
-        "/opt/servefleet/models/Qwen--Qwen-AgentWorld-35B-A3B/main"
+    assert (
+        lay.model_dir("Qwen/Qwen-AgentWorld-35B-A3B", "main")
+        == "/opt/servefleet/models/Qwen--Qwen-AgentWorld-35B-A3B/main"
+    )
     assert lay.api_key_file == "/opt/servefleet/etc/api-key"
     assert lay.releases_file == "/opt/servefleet/state/releases.json"
     assert lay.depot_dir == "/opt/servefleet/depot"
@@ -26,11 +28,20 @@ def test_revisions_are_their_own_directories():
 
 def test_a_moved_root_moves_everything_and_the_depot_follows():
     lay = NodeLayout.of({"servefleet_root": "/srv/sf", "servefleet_user": "svc"})
-    for path in (lay.tools_venv, lay.api_key_file, lay.state_dir, lay.models_dir, lay.depot_dir,
-                 lay.llama_current, lay.bin("x"), lay.cache_dir):
+    for path in (
+        lay.tools_venv,
+        lay.api_key_file,
+        lay.state_dir,
+        lay.models_dir,
+        lay.depot_dir,
+        lay.llama_current,
+        lay.bin("x"),
+        lay.cache_dir,
+    ):
         assert path.startswith("/srv/sf/")
-    apart = NodeLayout.of({"servefleet_root": "/srv/sf", "models_root": "/data/models",
-                           "depot_store": "/data/depot"})
+    apart = NodeLayout.of(
+        {"servefleet_root": "/srv/sf", "models_root": "/data/models", "depot_store": "/data/depot"}
+    )
     assert apart.model_dir("o/n", "main") == "/data/models/o--n/main"
     assert apart.depot_model_dir("o/n", "a" * 40) == f"/data/depot/o--n/{'a' * 40}"
 

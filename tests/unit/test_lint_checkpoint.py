@@ -9,15 +9,33 @@ from safetensors import safe_open
 
 from servefleet.cli import main
 from servefleet.core.lint.checkpoint import (
-    MISSING_SHARDS, MTP_WITHOUT_TENSORS, VISION_WITHOUT_WEIGHTS, check_recipe, lint_checkpoint,
+    MISSING_SHARDS,
+    MTP_WITHOUT_TENSORS,
+    VISION_WITHOUT_WEIGHTS,
+    check_recipe,
+    lint_checkpoint,
 )
-from servefleet_dev.testing.tiny_models import AGENTWORLD_CONFIG, build_tiny_checkpoint, write_safetensors
+from servefleet_dev.testing.tiny_models import (
+    AGENTWORLD_CONFIG,
+    build_tiny_checkpoint,
+    write_safetensors,
+)
 
-SPEC_KEYS = {"architecture", "tensors", "visual_tensors", "mtp_tensors", "total_bytes",
-             "mtp_num_hidden_layers", "has_vision_config", "findings"}
+SPEC_KEYS = {
+    "architecture",
+    "tensors",
+    "visual_tensors",
+    "mtp_tensors",
+    "total_bytes",
+    "mtp_num_hidden_layers",
+    "has_vision_config",
+    "findings",
+}
 MTP_MESSAGE = "config declares MTP but the checkpoint has no MTP tensors: no speculative decoding"
-VISION_MESSAGE = ("architecture builds a vision tower, checkpoint has no visual weights: "
-                  "needs language-model-only serving (and the vLLM patch)")
+VISION_MESSAGE = (
+    "architecture builds a vision tower, checkpoint has no visual weights: "
+    "needs language-model-only serving (and the vLLM patch)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +60,9 @@ def test_full_checkpoint_counts_come_from_the_index(checkpoints):
     lint = lint_checkpoint(d)
     assert lint.architecture == "Qwen3_5MoeForConditionalGeneration"
     assert lint.tensors == len(index["weight_map"])
-    assert lint.visual_tensors == sum(n.startswith("model.visual.") for n in index["weight_map"]) > 0
+    assert (
+        lint.visual_tensors == sum(n.startswith("model.visual.") for n in index["weight_map"]) > 0
+    )
     assert lint.mtp_tensors == sum(n.startswith("mtp.") for n in index["weight_map"]) > 0
     assert len(shards) == 2
     assert lint.total_bytes == sum((d / s).stat().st_size for s in shards)
@@ -106,8 +126,13 @@ def test_single_file_checkpoint_without_index(tmp_path, checkpoints):
     d = tmp_path / "single"
     d.mkdir()
     shutil.copy(checkpoints["full"] / "config.json", d)
-    shapes = {"model.language_model.embed_tokens.weight": (4, 2), "model.visual.pos_embed.weight": (2, 2)}
-    write_safetensors(d / "model.safetensors", {n: bytes(2 * a * b) for n, (a, b) in shapes.items()}, shapes)
+    shapes = {
+        "model.language_model.embed_tokens.weight": (4, 2),
+        "model.visual.pos_embed.weight": (2, 2),
+    }
+    write_safetensors(
+        d / "model.safetensors", {n: bytes(2 * a * b) for n, (a, b) in shapes.items()}, shapes
+    )
     lint = lint_checkpoint(d)
     assert (lint.tensors, lint.visual_tensors, lint.mtp_tensors) == (2, 1, 0)
     assert lint.total_bytes == (d / "model.safetensors").stat().st_size
@@ -127,15 +152,26 @@ def test_tensor_names_and_shapes_follow_qwen3_5_moe(checkpoints):
 
     h, e = t["hidden_size"], t["num_experts"]
     assert t["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
-    qkv = 2 * t["linear_num_key_heads"] * t["linear_key_head_dim"] + \
-        t["linear_num_value_heads"] * t["linear_value_head_dim"]
+    qkv = (
+        2 * t["linear_num_key_heads"] * t["linear_key_head_dim"]
+        + t["linear_num_value_heads"] * t["linear_value_head_dim"]
+    )
     assert shape("model.language_model.layers.0.linear_attn.in_proj_qkv.weight") == [qkv, h]
     assert shape("model.language_model.layers.0.linear_attn.conv1d.weight") == [qkv, 1, 4]
-    assert shape("model.language_model.layers.3.self_attn.q_proj.weight") == \
-        [t["num_attention_heads"] * t["head_dim"] * 2, h]
-    assert shape("model.language_model.layers.3.mlp.experts.gate_up_proj") == \
-        [e, 2 * t["moe_intermediate_size"], h]
-    assert shape("model.language_model.layers.3.mlp.experts.down_proj") == [e, h, t["moe_intermediate_size"]]
+    assert shape("model.language_model.layers.3.self_attn.q_proj.weight") == [
+        t["num_attention_heads"] * t["head_dim"] * 2,
+        h,
+    ]
+    assert shape("model.language_model.layers.3.mlp.experts.gate_up_proj") == [
+        e,
+        2 * t["moe_intermediate_size"],
+        h,
+    ]
+    assert shape("model.language_model.layers.3.mlp.experts.down_proj") == [
+        e,
+        h,
+        t["moe_intermediate_size"],
+    ]
     assert shape("mtp.fc.weight") == [h, 2 * h]
     assert shape("mtp.layers.0.mlp.experts.3.down_proj.weight") == [h, t["moe_intermediate_size"]]
     assert shape("model.visual.merger.linear_fc2.weight")[0] == h

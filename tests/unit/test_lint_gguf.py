@@ -14,9 +14,19 @@ import pytest
 
 from servefleet.cli import main
 from servefleet.core.lint import gguf_lint as _gguf_lint_module
-from servefleet.core.lint.gguf_lint import BLOCKS_NOT_COUNTED, UNCOUNTED_BLOCKS_MISSING, lint_gguf, override_kv_flag
+from servefleet.core.lint.gguf_lint import (
+    BLOCKS_NOT_COUNTED,
+    UNCOUNTED_BLOCKS_MISSING,
+    lint_gguf,
+    override_kv_flag,
+)
 from servefleet_dev.testing.tiny_models import (
-    GGUF_CLEAN, GGUF_FIELD_MISSING_MTP, GGUF_MISSING_MTP, GGUF_MTP, GGUF_UNCOUNTED, build_tiny_gguf,
+    GGUF_CLEAN,
+    GGUF_FIELD_MISSING_MTP,
+    GGUF_MISSING_MTP,
+    GGUF_MTP,
+    GGUF_UNCOUNTED,
+    build_tiny_gguf,
 )
 
 # The file the llama.cpp recipe uploads to a node (servefleet/recipes/llamacpp.py LINT_SOURCE).
@@ -29,19 +39,31 @@ def node_copy(tmp_path) -> Path:
     shutil.copy(GGUF_HEADER_SCRIPT, tmp_path / "gguf_header.py")
     return Path(shutil.copy(GGUF_LINT_SCRIPT, tmp_path / "servefleet-gguf-lint"))
 
+
 FIELD_FLAG = "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0"
-SPEC_KEYS = {"arch", "block_count", "highest_block", "nextn_predict_layers", "defect", "override_kv"}
+SPEC_KEYS = {
+    "arch",
+    "block_count",
+    "highest_block",
+    "nextn_predict_layers",
+    "defect",
+    "override_kv",
+}
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The four tiny qwen35moe layouts, built once."""
     root = tmp_path_factory.mktemp("gguf")
-    return {layout: build_tiny_gguf(root / f"{layout}.gguf", layout=layout)
-            for layout in (GGUF_CLEAN, GGUF_MTP, GGUF_MISSING_MTP, GGUF_UNCOUNTED)}
+    return {
+        layout: build_tiny_gguf(root / f"{layout}.gguf", layout=layout)
+        for layout in (GGUF_CLEAN, GGUF_MTP, GGUF_MISSING_MTP, GGUF_UNCOUNTED)
+    }
 
 
-def write_gguf(path, arch, block_count, blocks, nextn=None, extra_tensors=("token_embd.weight",), **writer_kw):
+def write_gguf(
+    path, arch, block_count, blocks, nextn=None, extra_tensors=("token_embd.weight",), **writer_kw
+):
     """A minimal GGUF of any architecture: the keys the lint reads and one tensor per block."""
     w = gguf.GGUFWriter(path, arch, **writer_kw)
     w.add_block_count(block_count)
@@ -60,18 +82,38 @@ def write_gguf(path, arch, block_count, blocks, nextn=None, extra_tensors=("toke
 
 def test_missing_mtp_block_is_the_defect_and_both_keys_are_overridden(tiny):
     lint = lint_gguf(tiny[GGUF_MISSING_MTP])
-    assert (lint.arch, lint.block_count, lint.highest_block, lint.nextn_predict_layers) == ("qwen35moe", 5, 3, 1)
+    assert (lint.arch, lint.block_count, lint.highest_block, lint.nextn_predict_layers) == (
+        "qwen35moe",
+        5,
+        3,
+        1,
+    )
     assert lint.defect == UNCOUNTED_BLOCKS_MISSING
-    assert lint.override_kv == ["qwen35moe.block_count=int:4", "qwen35moe.nextn_predict_layers=int:0"]
-    assert override_kv_flag(lint) == "qwen35moe.block_count=int:4,qwen35moe.nextn_predict_layers=int:0"
+    assert lint.override_kv == [
+        "qwen35moe.block_count=int:4",
+        "qwen35moe.nextn_predict_layers=int:0",
+    ]
+    assert (
+        override_kv_flag(lint) == "qwen35moe.block_count=int:4,qwen35moe.nextn_predict_layers=int:0"
+    )
 
 
 def test_clean_and_real_mtp_files_have_no_defect(tiny):
     clean = lint_gguf(tiny[GGUF_CLEAN])
-    assert (clean.block_count, clean.highest_block, clean.nextn_predict_layers, clean.defect) == (4, 3, None, None)
+    assert (clean.block_count, clean.highest_block, clean.nextn_predict_layers, clean.defect) == (
+        4,
+        3,
+        None,
+        None,
+    )
     assert clean.override_kv == [] and override_kv_flag(clean) is None
     mtp = lint_gguf(tiny[GGUF_MTP])  # blk.4 holds the NextN block: counted and present
-    assert (mtp.block_count, mtp.highest_block, mtp.nextn_predict_layers, mtp.defect) == (5, 4, 1, None)
+    assert (mtp.block_count, mtp.highest_block, mtp.nextn_predict_layers, mtp.defect) == (
+        5,
+        4,
+        1,
+        None,
+    )
 
 
 def test_blocks_not_counted_gets_only_the_block_count_override(tiny):
@@ -82,9 +124,14 @@ def test_blocks_not_counted_gets_only_the_block_count_override(tiny):
 
 @pytest.mark.parametrize("arch", ["llama", "deepseek2", "glm4moe", "qwen3next"])
 def test_overrides_are_derived_for_any_architecture(tmp_path, arch):
-    with_key = lint_gguf(write_gguf(tmp_path / "a.gguf", arch, block_count=48, blocks=range(47), nextn=1))
+    with_key = lint_gguf(
+        write_gguf(tmp_path / "a.gguf", arch, block_count=48, blocks=range(47), nextn=1)
+    )
     assert with_key.defect == UNCOUNTED_BLOCKS_MISSING
-    assert with_key.override_kv == [f"{arch}.block_count=int:47", f"{arch}.nextn_predict_layers=int:0"]
+    assert with_key.override_kv == [
+        f"{arch}.block_count=int:47",
+        f"{arch}.nextn_predict_layers=int:0",
+    ]
     # No nextn key in the file: nothing to override but block_count.
     without_key = lint_gguf(write_gguf(tmp_path / "b.gguf", arch, block_count=3, blocks=range(2)))
     assert without_key.nextn_predict_layers is None
@@ -98,7 +145,9 @@ def test_file_without_block_tensors_is_not_judged(tmp_path):
 
 def test_split_gguf_is_judged_over_all_shards(tmp_path):
     # 2 tensors per shard: blk.0 and blk.1 end up in different files.
-    write_gguf(tmp_path / "m.gguf", "qwen35moe", block_count=3, blocks=range(3), split_max_tensors=2)
+    write_gguf(
+        tmp_path / "m.gguf", "qwen35moe", block_count=3, blocks=range(3), split_max_tensors=2
+    )
     first, second = sorted(tmp_path.glob("m-*.gguf"))
     assert first.name == "m-00001-of-00002.gguf"
     for shard in (first, second):  # either shard names the same split
@@ -134,17 +183,25 @@ def test_inspect_rejects_a_file_that_is_not_gguf(tmp_path, capsys):
 def test_standalone_script_needs_only_gguf_and_stdlib(tiny, tmp_path):
     """What a node runs: a copy of the module, with servefleet not importable."""
     script = node_copy(tmp_path)
-    blocker = "import sys, runpy; sys.modules['servefleet'] = None; sys.argv = sys.argv[1:]; " \
-              "runpy.run_path(sys.argv[0], run_name='__main__')"
+    blocker = (
+        "import sys, runpy; sys.modules['servefleet'] = None; sys.argv = sys.argv[1:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
 
     def run(*args):
-        return subprocess.run([sys.executable, "-I", "-c", blocker, str(script), *args],
-                              capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            [sys.executable, "-I", "-c", blocker, str(script), *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
 
     out = json.loads(run(str(tiny[GGUF_MISSING_MTP])))
     assert out == lint_gguf(tiny[GGUF_MISSING_MTP]).to_dict()
-    assert run("--flag", str(tiny[GGUF_MISSING_MTP])).strip() == \
-        "qwen35moe.block_count=int:4,qwen35moe.nextn_predict_layers=int:0"
+    assert (
+        run("--flag", str(tiny[GGUF_MISSING_MTP])).strip()
+        == "qwen35moe.block_count=int:4,qwen35moe.nextn_predict_layers=int:0"
+    )
     assert run("--flag", str(tiny[GGUF_CLEAN])).strip() == ""
 
 
@@ -178,7 +235,9 @@ def test_lint_reads_headers_only_even_on_a_20_gib_file(tmp_path):
     w.add_block_count(41)
     w.add_nextn_predict_layers(1)
     for b in range(40):
-        w.add_tensor_info(f"blk.{b}.ffn_down_exps.weight", (per_block // 2,), np.dtype(np.float16), per_block)
+        w.add_tensor_info(
+            f"blk.{b}.ffn_down_exps.weight", (per_block // 2,), np.dtype(np.float16), per_block
+        )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -190,14 +249,20 @@ def test_lint_reads_headers_only_even_on_a_20_gib_file(tmp_path):
     started = time.monotonic()
     lint = lint_gguf(path)
     assert time.monotonic() - started < 5
-    assert lint.override_kv == ["qwen35moe.block_count=int:40", "qwen35moe.nextn_predict_layers=int:0"]
+    assert lint.override_kv == [
+        "qwen35moe.block_count=int:40",
+        "qwen35moe.nextn_predict_layers=int:0",
+    ]
 
 
 # --- the field file's layout ---------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def field(tmp_path_factory):
-    return build_tiny_gguf(tmp_path_factory.mktemp("field") / "field.gguf", layout=GGUF_FIELD_MISSING_MTP)
+    return build_tiny_gguf(
+        tmp_path_factory.mktemp("field") / "field.gguf", layout=GGUF_FIELD_MISSING_MTP
+    )
 
 
 def _blocks(names) -> dict[int, set[str]]:
@@ -237,18 +302,29 @@ def test_field_gguf_uses_the_same_block_layout_as_the_small_files(field, tiny):
 def test_field_gguf_is_small_and_deterministic(field, tmp_path):
     assert 1 << 20 < field.stat().st_size < 32 << 20  # ~8 MB
     again = build_tiny_gguf(tmp_path / "again.gguf", layout=GGUF_FIELD_MISSING_MTP)
-    assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(field.read_bytes()).digest()
+    assert (
+        hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(field.read_bytes()).digest()
+    )
     with pytest.raises(ValueError, match="40 blocks"):
         build_tiny_gguf(tmp_path / "x.gguf", layout=GGUF_FIELD_MISSING_MTP, n_layers=4)
 
 
 def test_field_gguf_lint_gives_the_field_flag(field, tmp_path):
     lint = lint_gguf(field)
-    assert (lint.arch, lint.block_count, lint.highest_block, lint.nextn_predict_layers) == ("qwen35moe", 41, 39, 1)
+    assert (lint.arch, lint.block_count, lint.highest_block, lint.nextn_predict_layers) == (
+        "qwen35moe",
+        41,
+        39,
+        1,
+    )
     assert lint.defect == UNCOUNTED_BLOCKS_MISSING
     assert override_kv_flag(lint) == FIELD_FLAG
     # The copy a node runs says the same.
     script = node_copy(tmp_path)
-    out = subprocess.run([sys.executable, "-I", str(script), "--flag", str(field)], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-I", str(script), "--flag", str(field)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.strip() == FIELD_FLAG

@@ -24,8 +24,9 @@ MODEL_DIR = "/opt/servefleet/models/gaoqianshen--Qwen-AgentWorld-35B-A3B-Q4_K_M-
 
 
 def check(data: dict, groups=("rtx4090",)) -> dict:
-    return validate(HostData("rtx4090-1", list(groups), [Layer("group_data", data)]),
-                    "serve_q4_llamacpp")
+    return validate(
+        HostData("rtx4090-1", list(groups), [Layer("group_data", data)]), "serve_q4_llamacpp"
+    )
 
 
 PROD = ("all", "rtx4090")
@@ -33,6 +34,7 @@ TESTBED = ("all", "rtx4090", "testbed_rtx4090", "testbed")
 
 
 # --- data ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("groups", [PROD, TESTBED])
 def test_shipped_data_is_valid(groups):
@@ -53,8 +55,10 @@ def test_production_pins_and_flags():
     assert data["llamacpp_context"] == 65536
     assert llamacpp.build_name(data).startswith("b9784-")
     assert llamacpp.launcher_args(data) == [
-        "-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
-        "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+        "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
+        "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
+        "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache",
+    ]
 
 
 def test_testbed_builds_for_cpu_only():
@@ -63,13 +67,20 @@ def test_testbed_builds_for_cpu_only():
     assert "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache" not in llamacpp.launcher_args(data)
 
 
-@pytest.mark.parametrize("key,value", [
-    ("llamacpp_commit", "b9784"), ("llamacpp_commit", "8BE759E6F70D629638A7EB70DB3824CBDCEA370B"),
-    ("llamacpp_cmake_flags", {"GGML_CUDA": "ON OFF"}), ("llamacpp_cmake_flags", {"-DX": "1"}),
-    ("llamacpp_git_url", "github.com/ggml-org/llama.cpp"), ("model_file", "../x.gguf"),
-    ("model_file", "model.bin"), ("llamacpp_server_args", ["-ngl 99"]),
-    ("llamacpp_min_nvcc_version", 13.0),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("llamacpp_commit", "b9784"),
+        ("llamacpp_commit", "8BE759E6F70D629638A7EB70DB3824CBDCEA370B"),
+        ("llamacpp_cmake_flags", {"GGML_CUDA": "ON OFF"}),
+        ("llamacpp_cmake_flags", {"-DX": "1"}),
+        ("llamacpp_git_url", "github.com/ggml-org/llama.cpp"),
+        ("model_file", "../x.gguf"),
+        ("model_file", "model.bin"),
+        ("llamacpp_server_args", ["-ngl 99"]),
+        ("llamacpp_min_nvcc_version", 13.0),
+    ],
+)
 def test_bad_recipe_values_are_data_errors(key, value):
     data = group_data(*PROD) | {key: value}
     with pytest.raises(DataError, match=repr(key)):
@@ -77,6 +88,7 @@ def test_bad_recipe_values_are_data_errors(key, value):
 
 
 # --- build identity ------------------------------------------------------------------------------
+
 
 def test_build_name_changes_with_tag_commit_and_flags_only():
     data = group_data(*PROD)
@@ -94,9 +106,18 @@ def test_build_name_changes_with_tag_commit_and_flags_only():
 
 
 def test_parse_builds_and_presence():
-    rec = {"tag": "b1", "commit": "a" * 40, "cmake_flags": {"X": "ON"}, "built_at": "2026-01-01T00:00:00Z",
-           "version": "version: 1 (abc)"}
-    lines = [f"build b1-111 {json.dumps(rec)}", "build b1-bad {not json", "current /opt/sf/llama.cpp/b1-111"]
+    rec = {
+        "tag": "b1",
+        "commit": "a" * 40,
+        "cmake_flags": {"X": "ON"},
+        "built_at": "2026-01-01T00:00:00Z",
+        "version": "version: 1 (abc)",
+    }
+    lines = [
+        f"build b1-111 {json.dumps(rec)}",
+        "build b1-bad {not json",
+        "current /opt/sf/llama.cpp/b1-111",
+    ]
     builds = ops.parse_builds(lines)
     assert list(builds.records) == ["b1-111"] and builds.current_name == "b1-111"
     assert ops.build_present(builds, "b1-111", "a" * 40, {"X": "ON"})
@@ -106,13 +127,18 @@ def test_parse_builds_and_presence():
 
 
 def _builds(names_dates, current):
-    return ops.Builds(records={n: {"built_at": d} for n, d in names_dates},
-                      current=f"/opt/sf/llama.cpp/{current}" if current else None)
+    return ops.Builds(
+        records={n: {"built_at": d} for n, d in names_dates},
+        current=f"/opt/sf/llama.cpp/{current}" if current else None,
+    )
 
 
 def test_nvcc_parse_and_build_problems():
-    out = ["/usr/local/cuda/bin/nvcc", "nvcc: NVIDIA (R) Cuda compiler driver",
-           "Cuda compilation tools, release 13.0, V13.0.48"]
+    out = [
+        "/usr/local/cuda/bin/nvcc",
+        "nvcc: NVIDIA (R) Cuda compiler driver",
+        "Cuda compilation tools, release 13.0, V13.0.48",
+    ]
     nvcc = ops.parse_nvcc(out)
     assert nvcc == {"path": "/usr/local/cuda/bin/nvcc", "version": "13.0"}
     assert ops.parse_nvcc([]) is None
@@ -124,8 +150,14 @@ def test_nvcc_parse_and_build_problems():
     none = ops.build_problems(cuda=True, nvcc=None, min_nvcc="13.0", **ok)
     assert "no nvcc" in none[0] and "GGML_CUDA=OFF" in none[0]
     assert ops.build_problems(cuda=False, nvcc=None, min_nvcc="13.0", **ok) == []
-    disk = ops.build_problems(cuda=False, nvcc=None, min_nvcc="0", free_disk=1024**3,
-                              min_free_disk=10 * 1024**3, root="/opt/sf")
+    disk = ops.build_problems(
+        cuda=False,
+        nvcc=None,
+        min_nvcc="0",
+        free_disk=1024**3,
+        min_free_disk=10 * 1024**3,
+        root="/opt/sf",
+    )
     assert "1.0 GiB free under /opt/sf" in disk[0]
 
 
@@ -140,25 +172,37 @@ def _run_fact(fact, **kwargs):
     return fact.process([l for l in out.stdout.splitlines()])
 
 
-@pytest.mark.parametrize("layout,flag", [
-    ("missing_mtp", "qwen35moe.block_count=int:4,qwen35moe.nextn_predict_layers=int:0"),
-    ("clean", None),
-    ("mtp", None),
-])
+@pytest.mark.parametrize(
+    "layout,flag",
+    [
+        ("missing_mtp", "qwen35moe.block_count=int:4,qwen35moe.nextn_predict_layers=int:0"),
+        ("clean", None),
+        ("mtp", None),
+    ],
+)
 def test_lint_fact_gives_one_comma_separated_flag(tmp_path, layout, flag):
     from servefleet_dev.testing.tiny_models import build_tiny_gguf
 
     path = build_tiny_gguf(tmp_path / "m.gguf", layout=layout)
-    lint = _run_fact(GgufLint(), python=sys.executable, script=str(LINT_SCRIPT),
-                     path=str(path), user=USER)
+    lint = _run_fact(
+        GgufLint(), python=sys.executable, script=str(LINT_SCRIPT), path=str(path), user=USER
+    )
     assert lint == ops.Lint("ok", flag)
 
 
 def test_lint_fact_before_download_and_on_a_broken_file(tmp_path):
     kw = dict(python=sys.executable, script=str(LINT_SCRIPT), user=USER)
     assert _run_fact(GgufLint(), path=str(tmp_path / "none.gguf"), **kw).state == "absent"
-    assert _run_fact(GgufLint(), path=__file__, python="/nonexistent/python",
-                     script=str(LINT_SCRIPT), user=USER).state == "nolint"
+    assert (
+        _run_fact(
+            GgufLint(),
+            path=__file__,
+            python="/nonexistent/python",
+            script=str(LINT_SCRIPT),
+            user=USER,
+        ).state
+        == "nolint"
+    )
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 10)
     lint = _run_fact(GgufLint(), path=str(bad), **kw)
@@ -171,19 +215,25 @@ def test_real_defect_gives_the_field_flag(tmp_path):
     from servefleet_dev.testing.tiny_models import GGUF_FIELD_MISSING_MTP, build_tiny_gguf
 
     path = build_tiny_gguf(tmp_path / "field.gguf", layout=GGUF_FIELD_MISSING_MTP)
-    lint = _run_fact(GgufLint(), python=sys.executable, script=str(LINT_SCRIPT),
-                     path=str(path), user=USER)
-    assert lint == ops.Lint("ok", "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0")
+    lint = _run_fact(
+        GgufLint(), python=sys.executable, script=str(LINT_SCRIPT), path=str(path), user=USER
+    )
+    assert lint == ops.Lint(
+        "ok", "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0"
+    )
 
 
 # --- the unit ------------------------------------------------------------------------------------
+
 
 def _render(data, kv):
     cwd = os.getcwd()
     os.chdir(ROOT)  # templates and their includes resolve against the project
     try:
-        return render_unit("files/llamacpp/servefleet-llama.service.j2",
-                           llamacpp.unit_context(data, MODEL_DIR, override_kv=lambda: kv))
+        return render_unit(
+            "files/llamacpp/servefleet-llama.service.j2",
+            llamacpp.unit_context(data, MODEL_DIR, override_kv=lambda: kv),
+        )
     finally:
         os.chdir(cwd)
 
@@ -205,17 +255,28 @@ def test_unit_with_the_lint_flag_and_a_key():
     flag = "qwen35moe.block_count=int:40,qwen35moe.nextn_predict_layers=int:0"
     unit = _render(data, flag)
     argv = _exec_start(unit)
-    assert argv[0] == f"ExecStart=/opt/servefleet/llama.cpp/{llamacpp.build_name(data)}/bin/llama-server"
+    assert (
+        argv[0]
+        == f"ExecStart=/opt/servefleet/llama.cpp/{llamacpp.build_name(data)}/bin/llama-server"
+    )
     assert argv[argv.index("-m") + 1] == f"{MODEL_DIR}/qwen-agentworld-35b-a3b-q4_k_m.gguf"
     assert argv[argv.index("-c") + 1] == "65536"
     assert argv.count("--override-kv") == 1 and argv[argv.index("--override-kv") + 1] == flag
     assert argv[argv.index("--api-key-file") + 1] == "%d/api-key"  # systemd's credential
     assert "LoadCredential=api-key:/opt/servefleet/etc/api-key" in unit.splitlines()
-    assert argv[argv.index("--port") + 1] == "8080" and argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert (
+        argv[argv.index("--port") + 1] == "8080" and argv[argv.index("--host") + 1] == "127.0.0.1"
+    )
     assert argv[-2:] == ["--n-gpu-layers", "all"]
-    for line in ("User=servefleet", 'Environment="GGML_CUDA_NO_PINNED=1"',
-                 'Environment="HF_HUB_OFFLINE=1"', "Restart=on-failure", "MemoryDenyWriteExecute=yes",
-                 "DevicePolicy=closed", "DeviceAllow=char-nvidia rw"):
+    for line in (
+        "User=servefleet",
+        'Environment="GGML_CUDA_NO_PINNED=1"',
+        'Environment="HF_HUB_OFFLINE=1"',
+        "Restart=on-failure",
+        "MemoryDenyWriteExecute=yes",
+        "DevicePolicy=closed",
+        "DeviceAllow=char-nvidia rw",
+    ):
         assert line in unit.splitlines()
     pre = unit.split("ExecStartPre=", 1)[1].split("\nExecStart=", 1)[0]
     assert pre.rstrip().endswith("--gpu") and f"--context-bytes {int(1.75 * 1024**3)}" in pre
@@ -249,8 +310,15 @@ def _preflight(tmp_path, *, avail, vram_mib=None, gpu=False, ctx=GiB, reserve=Gi
         env["SERVEFLEET_NVIDIA_SMI"] = str(smi)
     else:
         env["SERVEFLEET_NVIDIA_SMI"] = str(tmp_path / "no-nvidia-smi")
-    args = [str(FILES / "llama-preflight.sh"), "--model", str(model), "--context-bytes", str(ctx),
-            "--ram-reserve", str(reserve)] + (["--gpu"] if gpu else [])
+    args = [
+        str(FILES / "llama-preflight.sh"),
+        "--model",
+        str(model),
+        "--context-bytes",
+        str(ctx),
+        "--ram-reserve",
+        str(reserve),
+    ] + (["--gpu"] if gpu else [])
     return subprocess.run(args, capture_output=True, text=True, env=env)
 
 
@@ -259,7 +327,9 @@ def test_preflight_ram_only_without_gpu(tmp_path):
     assert ok.returncode == 0, ok.stderr
     short = _preflight(tmp_path, avail=int(1.5 * GiB))
     assert short.returncode == 1
-    assert "refusing to start llama-server: available RAM 1.50 GiB < 2.00 GiB needed" in short.stderr
+    assert (
+        "refusing to start llama-server: available RAM 1.50 GiB < 2.00 GiB needed" in short.stderr
+    )
 
 
 def test_preflight_field_numbers_on_a_24_gib_card(tmp_path):
@@ -276,9 +346,24 @@ def test_preflight_field_numbers_on_a_24_gib_card(tmp_path):
         smi.write_text(f"#!/bin/sh\necho {free_mib}\n")
         smi.chmod(0o755)
         return subprocess.run(
-            [str(FILES / "llama-preflight.sh"), "--model", str(model), "--context-bytes", str(ctx),
-             "--ram-reserve", str(2 * GiB), "--gpu"], capture_output=True, text=True,
-            env={**os.environ, "SERVEFLEET_MEMINFO": str(meminfo), "SERVEFLEET_NVIDIA_SMI": str(smi)})
+            [
+                str(FILES / "llama-preflight.sh"),
+                "--model",
+                str(model),
+                "--context-bytes",
+                str(ctx),
+                "--ram-reserve",
+                str(2 * GiB),
+                "--gpu",
+            ],
+            capture_output=True,
+            text=True,
+            env={
+                **os.environ,
+                "SERVEFLEET_MEMINFO": str(meminfo),
+                "SERVEFLEET_NVIDIA_SMI": str(smi),
+            },
+        )
 
     assert run(24_000).returncode == 0
     # ... but not a card where something else holds 3 GiB.
@@ -296,13 +381,26 @@ def test_preflight_gpu_refuses_no_devices_found(tmp_path):
     reach: seen on the H200 under the old allow list (fixtures/h200/sandbox/)."""
     res = _preflight(tmp_path, avail=64 * GiB, gpu=True, vram_mib="No devices were found")
     assert res.returncode == 1
-    assert res.stderr.strip() == ("servefleet preflight: refusing to start llama-server: "
-                                  "nvidia-smi reports no usable GPU: No devices were found")
+    assert res.stderr.strip() == (
+        "servefleet preflight: refusing to start llama-server: "
+        "nvidia-smi reports no usable GPU: No devices were found"
+    )
 
 
 def test_preflight_missing_model(tmp_path):
-    res = subprocess.run([str(FILES / "llama-preflight.sh"), "--model", str(tmp_path / "x"),
-                          "--context-bytes", "0", "--ram-reserve", "0"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            str(FILES / "llama-preflight.sh"),
+            "--model",
+            str(tmp_path / "x"),
+            "--context-bytes",
+            "0",
+            "--ram-reserve",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 1 and "is missing" in res.stderr
 
 
@@ -324,12 +422,18 @@ def src_repo(tmp_path):
     repo = tmp_path / "upstream"
     repo.mkdir()
     (repo / "CMakeLists.txt").write_text("project(x)\n")
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "one"], ["tag", "b1"]):
         subprocess.run(["git", *args], cwd=repo, check=True, env=env)
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
     bindir = tmp_path / "fakebin"
     bindir.mkdir()
     (bindir / "cmake").write_text(FAKE_CMAKE)
@@ -339,11 +443,24 @@ def src_repo(tmp_path):
 
 def _build_sh(tmp_path, repo, sha, bindir, prefix_name="b1-x"):
     d = tmp_path / "node" / "llama.cpp"
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "GIT_URL": str(repo), "COMMIT": sha,
-           "TAG": "b1", "HASH": "x", "SRC_DIR": str(d / "src"), "BUILD_DIR": str(d / "build"),
-           "PREFIX": str(d / prefix_name), "CMAKE_ARGS": "-DGGML_CUDA=OFF -DX=1", "LAUNCHER_ARGS": "",
-           "FLAGS_JSON": json.dumps({"GGML_CUDA": "OFF", "X": "1"}), "JOBS": ""}  # build.sh picks
-    return d, subprocess.run(["sh", str(FILES / "build.sh")], capture_output=True, text=True, env=env)
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "GIT_URL": str(repo),
+        "COMMIT": sha,
+        "TAG": "b1",
+        "HASH": "x",
+        "SRC_DIR": str(d / "src"),
+        "BUILD_DIR": str(d / "build"),
+        "PREFIX": str(d / prefix_name),
+        "CMAKE_ARGS": "-DGGML_CUDA=OFF -DX=1",
+        "LAUNCHER_ARGS": "",
+        "FLAGS_JSON": json.dumps({"GGML_CUDA": "OFF", "X": "1"}),
+        "JOBS": "",
+    }  # build.sh picks
+    return d, subprocess.run(
+        ["sh", str(FILES / "build.sh")], capture_output=True, text=True, env=env
+    )
 
 
 def test_build_script_installs_a_prefix_with_its_record(tmp_path, src_repo):
@@ -351,7 +468,9 @@ def test_build_script_installs_a_prefix_with_its_record(tmp_path, src_repo):
     d, res = _build_sh(tmp_path, repo, sha, bindir)
     assert res.returncode == 0, res.stderr
     rec = json.loads((d / "b1-x" / "build.json").read_text())
-    assert rec["commit"] == sha and rec["describe"] == "b1" and rec["version"] == "version: 1 (fake)"
+    assert (
+        rec["commit"] == sha and rec["describe"] == "b1" and rec["version"] == "version: 1 (fake)"
+    )
     assert rec["cmake_flags"] == {"GGML_CUDA": "OFF", "X": "1"}
     assert os.access(d / "b1-x" / "bin" / "llama-server", os.X_OK)
     assert not (d / "build").exists() and not (d / "b1-x.partial").exists()

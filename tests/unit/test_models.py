@@ -27,7 +27,9 @@ needs_hf_cli = pytest.mark.skipif(not HF.exists(), reason="hf CLI not installed 
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("fetch_model", ROOT / "files/model/fetch_model.py")
+    spec = importlib.util.spec_from_file_location(
+        "fetch_model", ROOT / "files/model/fetch_model.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -59,8 +61,14 @@ def url(store):
 # -- data --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("groups", [("all", "spark"), ("all", "depot", "testbed_depot"),
-                                    ("all", "depot", "testbed_depot", "testbed")])
+@pytest.mark.parametrize(
+    "groups",
+    [
+        ("all", "spark"),
+        ("all", "depot", "testbed_depot"),
+        ("all", "depot", "testbed_depot", "testbed"),
+    ],
+)
 def test_shipped_defaults_pass_the_model_and_depot_keys(groups):
     data = group_data(*groups)
     # DataError (one line) on a bad default; the model deploy runs from the data as given.
@@ -75,32 +83,48 @@ def test_the_model_deploy_needs_a_repo():
         check(group_data("all"))
 
 
-@pytest.mark.parametrize("key,value", [
-    ("model_include", []), ("model_include", "*.json"), ("model_revision", "main branch"),
-    ("model_repo", "no-slash"), ("model_repo", "org/.."), ("model_revision", "../x"),
-    ("models_root", "relative/dir"), ("models_root", "/etc"), ("models_root", "/"),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("model_include", []),
+        ("model_include", "*.json"),
+        ("model_revision", "main branch"),
+        ("model_repo", "no-slash"),
+        ("model_repo", "org/.."),
+        ("model_revision", "../x"),
+        ("models_root", "relative/dir"),
+        ("models_root", "/etc"),
+        ("models_root", "/"),
+    ],
+)
 def test_bad_model_data_is_named(key, value):
     data = {**group_data("all"), "model_repo": "org/name", key: value}
     with pytest.raises(DataError, match=f"'{key}'"):
         check(data)
 
 
-@pytest.mark.parametrize("value,ok", [
-    ([], True),
-    ([{"repo_id": "org/name"}], True),
-    ([{"repo_id": "org/name", "revision": "a" * 40, "include": ["*.gguf"]}], True),
-    ([{"repo_id": "org/name", "include": []}], False),
-    ([{"repo": "org/name"}], False),
-    ({"repo_id": "org/name"}, False),
-])
+@pytest.mark.parametrize(
+    "value,ok",
+    [
+        ([], True),
+        ([{"repo_id": "org/name"}], True),
+        ([{"repo_id": "org/name", "revision": "a" * 40, "include": ["*.gguf"]}], True),
+        ([{"repo_id": "org/name", "include": []}], False),
+        ([{"repo": "org/name"}], False),
+        ({"repo_id": "org/name"}, False),
+    ],
+)
 def test_depot_models_check(value, ok):
     assert contract.BY_NAME["depot_models"].check.ok(value) is ok
 
 
 def test_depot_models_defaults():
-    data = {"depot_models": [{"repo_id": "org/a"}, {"repo_id": "org/b", "revision": "v1",
-                                                      "include": ["*.gguf"]}]}
+    data = {
+        "depot_models": [
+            {"repo_id": "org/a"},
+            {"repo_id": "org/b", "revision": "v1", "include": ["*.gguf"]},
+        ]
+    }
     assert fleetkey.depot_models(data) == [
         {"repo_id": "org/a", "revision": "main", "include": ["*"]},
         {"repo_id": "org/b", "revision": "v1", "include": ["*.gguf"]},
@@ -170,26 +194,39 @@ def test_operator_token_prefers_the_file(tmp_path, monkeypatch):
 # -- the VerifiedModel fact's parser ------------------------------------------------------------
 
 
-RECORD = {"repo_id": "org/name", "revision": "main", "sha": "a" * 40, "include": ["*"],
-          "files": {"config.json": 10, "w/model.safetensors": 2000}}
+RECORD = {
+    "repo_id": "org/name",
+    "revision": "main",
+    "sha": "a" * 40,
+    "include": ["*"],
+    "files": {"config.json": 10, "w/model.safetensors": 2000},
+}
 
 
 def _fact_output(record, sizes):
     """What VerifiedModel's command prints: the record's bytes and the NUL-separated listing
     (`find -printf '%s %P\\0'`), each base64-encoded on one line."""
     listing = b"".join(f"{s} ".encode() + os.fsencode(p) + b"\0" for p, s in sizes.items())
-    return [base64.b64encode(json.dumps(record, indent=1).encode()).decode(),
-            models.SIZES_MARKER, base64.b64encode(listing).decode()]
+    return [
+        base64.b64encode(json.dumps(record, indent=1).encode()).decode(),
+        models.SIZES_MARKER,
+        base64.b64encode(listing).decode(),
+    ]
 
 
 def test_names_reach_the_reason_whole_whatever_bytes_they_hold():
     # Not UTF-8, and a newline that would have forged a listing line ("10 model.safetensors").
-    sizes = {"config.json": 10, "w/model.safetensors": 2000,
-             os.fsdecode(b"bad\xffname.py"): 1, "config.json\n10 model.safetensors": 1}
+    sizes = {
+        "config.json": 10,
+        "w/model.safetensors": 2000,
+        os.fsdecode(b"bad\xffname.py"): 1,
+        "config.json\n10 model.safetensors": 1,
+    }
     assert models.parse_verified(_fact_output(RECORD, sizes)) is None
     record, on_disk = models.split_record(_fact_output(RECORD, sizes))
     assert models.invalid_record_reason(record, on_disk) == (
-        "not part of the model: bad\\xffname.py, config.json\\n10 model.safetensors")
+        "not part of the model: bad\\xffname.py, config.json\\n10 model.safetensors"
+    )
 
 
 def test_a_listing_cut_short_never_verifies():
@@ -212,7 +249,9 @@ def test_a_file_the_record_does_not_list_voids_it_and_is_named():
     assert models.invalid_record_reason(record, on_disk) == "not part of the model: evil.py"
 
 
-@pytest.mark.parametrize("sizes", [{"config.json": 10}, {"config.json": 10, "w/model.safetensors": 1999}])
+@pytest.mark.parametrize(
+    "sizes", [{"config.json": 10}, {"config.json": 10, "w/model.safetensors": 1999}]
+)
 def test_missing_or_truncated_file_voids_the_record(sizes):
     assert models.parse_verified(_fact_output(RECORD, sizes)) is None
 
@@ -243,11 +282,19 @@ def test_disk_preflight_counts_only_what_is_missing():
 
 def _request(commit, dest, url, include=("*",), margin=0, token_file=None, tmp=None):
     return {
-        "source": "hub", "repo_id": REPO, "revision": "main", "sha": commit.sha,
-        "include": list(include), "dest": str(dest), "root": str(Path(dest).parent),
-        "margin_bytes": margin, "endpoint": url,
-        "files": [f.to_json() for f in commit.select(list(include))], "hf": str(HF),
-        "hf_home": str(tmp / "hf-home"), "token_file": token_file,
+        "source": "hub",
+        "repo_id": REPO,
+        "revision": "main",
+        "sha": commit.sha,
+        "include": list(include),
+        "dest": str(dest),
+        "root": str(Path(dest).parent),
+        "margin_bytes": margin,
+        "endpoint": url,
+        "files": [f.to_json() for f in commit.select(list(include))],
+        "hf": str(HF),
+        "hf_home": str(tmp / "hf-home"),
+        "token_file": token_file,
     }
 
 
@@ -280,8 +327,10 @@ def test_script_follows_no_symlink_and_reports_root_s_record_on_fd_3(store, url,
     (dest / ".servefleet").symlink_to(outside)  # would send the record outside
     (dest / "passwd.json").symlink_to("/etc/passwd")
     read, write = os.pipe()
-    req = {**_request(commit, dest, url, include=["*.json", "*.safetensors"], tmp=tmp_path),
-           "record_fd": write}
+    req = {
+        **_request(commit, dest, url, include=["*.json", "*.safetensors"], tmp=tmp_path),
+        "record_fd": write,
+    }
     doc = fm.run(req)
     reported = json.loads(os.read(read, 1 << 20))
     os.close(read)
@@ -302,16 +351,23 @@ def test_a_delete_through_a_directory_link_is_refused(tmp_path):
     assert (outside / "f").read_bytes() == b"keep"
 
 
-@pytest.mark.parametrize("doc, text", [
-    ([], "not a JSON object"),
-    ({"repo_id": "x", "sha": "a" * 40}, "expected acme/tiny-model@"),
-    ({"repo_id": REPO, "sha": "a" * 40, "files": []}, "no files/sha256 objects"),
-    ({"repo_id": REPO, "sha": "a" * 40, "files": {"a": "1"}, "sha256": {"a": "0" * 64}},
-     "size of 'a'"),
-    ({"repo_id": REPO, "sha": "a" * 40, "files": {"a": 1}, "sha256": {}}, "sha256 of 'a'"),
-    ({"repo_id": REPO, "sha": "a" * 40, "files": {"a": True}, "sha256": {"a": "0" * 64}},
-     "size of 'a'"),
-])
+@pytest.mark.parametrize(
+    "doc, text",
+    [
+        ([], "not a JSON object"),
+        ({"repo_id": "x", "sha": "a" * 40}, "expected acme/tiny-model@"),
+        ({"repo_id": REPO, "sha": "a" * 40, "files": []}, "no files/sha256 objects"),
+        (
+            {"repo_id": REPO, "sha": "a" * 40, "files": {"a": "1"}, "sha256": {"a": "0" * 64}},
+            "size of 'a'",
+        ),
+        ({"repo_id": REPO, "sha": "a" * 40, "files": {"a": 1}, "sha256": {}}, "sha256 of 'a'"),
+        (
+            {"repo_id": REPO, "sha": "a" * 40, "files": {"a": True}, "sha256": {"a": "0" * 64}},
+            "size of 'a'",
+        ),
+    ],
+)
 def test_a_malformed_depot_manifest_is_one_line(doc, text):
     with pytest.raises(fm.Failure, match=text):
         fm.manifest_files(doc, {"repo_id": REPO, "sha": "a" * 40, "include": ["*"]})
@@ -362,8 +418,10 @@ def test_fleet_key_is_generated_once(tmp_path, monkeypatch):
 
 
 def test_rsync_stats():
-    text = ("Number of files: 4 (reg: 4)\nLiteral data: 2,680,056 bytes\n"
-            "Matched data: 5,678,856 bytes\nTotal bytes received: 2,694,122\n")
+    text = (
+        "Number of files: 4 (reg: 4)\nLiteral data: 2,680,056 bytes\n"
+        "Matched data: 5,678,856 bytes\nTotal bytes received: 2,694,122\n"
+    )
     stats = fm.rsync_stats(text)
     assert stats["Matched data"] == 5_678_856 and stats["Total bytes received"] == 2_694_122
 

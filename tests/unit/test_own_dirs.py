@@ -21,8 +21,12 @@ NOBODY = 65534
 
 
 def _chain(path: str):
-    out = subprocess.run(["sh", "-c", batch.command_of(PathChain, {"path": path})],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", batch.command_of(PathChain, {"path": path})],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return PathChain().process(out.splitlines())
 
 
@@ -63,14 +67,18 @@ def test_a_directory_with_roots_mark_passes(base):
 def test_an_existing_directory_without_the_mark_is_someone_elses(base):
     os.mkdir(f"{base}/docker")
     found = problem(f"{base}/docker")
-    assert found.startswith(f"key 'servefleet_root' = '{base}/docker': {base}/docker exists on "
-                            f"this node and is not servefleet's (no .servefleet-own")
+    assert found.startswith(
+        f"key 'servefleet_root' = '{base}/docker': {base}/docker exists on "
+        f"this node and is not servefleet's (no .servefleet-own"
+    )
     assert "\n" not in found
     assert problem(f"{base}/docker", earlier=True) is None  # an earlier servefleet's: adopted
 
 
-@pytest.mark.parametrize("uid, mode, kind", [(NOBODY, 0o644, "owned by nobody"),
-                                             (0, 0o666, "mode 0666"), (0, 0o664, "mode 0664")])
+@pytest.mark.parametrize(
+    "uid, mode, kind",
+    [(NOBODY, 0o644, "owned by nobody"), (0, 0o666, "mode 0666"), (0, 0o664, "mode 0664")],
+)
 def test_a_mark_another_user_wrote_or_may_change_is_no_mark(base, uid, mode, kind):
     os.mkdir(f"{base}/sf")
     _mark(f"{base}/sf", uid, mode)
@@ -89,8 +97,10 @@ def test_a_mark_that_is_a_link_or_a_directory_is_refused(base):
 
 def test_a_file_where_the_directory_should_be_is_refused(base):
     open(f"{base}/sf", "w").close()
-    assert problem(f"{base}/sf") == (f"key 'servefleet_root' = '{base}/sf': it is a regular "
-                                     f"empty file on this node, not a directory")
+    assert problem(f"{base}/sf") == (
+        f"key 'servefleet_root' = '{base}/sf': it is a regular "
+        f"empty file on this node, not a directory"
+    )
 
 
 def test_a_world_writable_or_others_directory_above_is_refused(base):
@@ -116,4 +126,5 @@ def test_a_link_above_or_at_the_directory_is_refused(base):
 
 def test_what_was_not_read_fails_closed():
     assert "cannot read the owner and mode" in own_dir_problem(
-        "servefleet_root", "/opt/sf", "/opt/sf/.servefleet-own", None, True)
+        "servefleet_root", "/opt/sf", "/opt/sf/.servefleet-own", None, True
+    )

@@ -25,8 +25,10 @@ def fig(decode, ttft, **kw) -> perf.Figures:
 def test_as_fast_passes_and_names_both_figures():
     v = perf.compare(fig(40.0, 0.200), fig(39.0, 0.210), TH)
     assert v.state == perf.PASS and not v.failed
-    assert v.lines == ("decode 40.0 -> 39.0 tok/s (-2.5 %, limit -10 %)",
-                       "TTFT 0.200 -> 0.210 s (+5.0 %, limit +25 %)")
+    assert v.lines == (
+        "decode 40.0 -> 39.0 tok/s (-2.5 %, limit -10 %)",
+        "TTFT 0.200 -> 0.210 s (+5.0 %, limit +25 %)",
+    )
 
 
 def test_half_the_decode_speed_fails_at_once_with_both_values():
@@ -37,16 +39,20 @@ def test_half_the_decode_speed_fails_at_once_with_both_values():
 
 def test_a_slower_first_token_fails():
     v = perf.compare(fig(40.0, 0.200), fig(40.0, 0.400), TH)
-    assert v.failed == ("TTFT",) and "TTFT 0.200 -> 0.400 s (+100.0 %, limit +25 %) FAILED" \
-        in v.text
+    assert (
+        v.failed == ("TTFT",) and "TTFT 0.200 -> 0.400 s (+100.0 %, limit +25 %) FAILED" in v.text
+    )
 
 
-@pytest.mark.parametrize("after,state", [
-    (36.5, perf.BORDERLINE),  # -8.75 %: within 5 points of -10 %, passing
-    (34.5, perf.BORDERLINE),  # -13.75 %: within 5 points, failing: measured again first
-    (33.0, perf.FAIL),  # -17.5 %: clearly beyond
-    (38.5, perf.PASS),  # -3.75 %: clearly within
-])
+@pytest.mark.parametrize(
+    "after,state",
+    [
+        (36.5, perf.BORDERLINE),  # -8.75 %: within 5 points of -10 %, passing
+        (34.5, perf.BORDERLINE),  # -13.75 %: within 5 points, failing: measured again first
+        (33.0, perf.FAIL),  # -17.5 %: clearly beyond
+        (38.5, perf.PASS),  # -3.75 %: clearly within
+    ],
+)
 def test_a_result_near_a_threshold_is_borderline(after, state):
     assert perf.compare(fig(40.0, 0.2), fig(after, 0.2), TH).state == state
 
@@ -71,9 +77,18 @@ def test_bench_output_without_a_time_to_first_token_is_no_figures(ttft):
     raw = {"median_decode_tok_s": 41.5, "median_ttft_s": ttft, "runs": []}
     got = perf.figures(raw, perf.Workload(2, 256, 64), "t", "gate", "r1", 1.0)
     assert isinstance(got, str) and "no time to first token" in got
-    odd = perf.figures({"median_decode_tok_s": 1e999, "median_ttft_s": 0.1,
-                        "runs": [{"decode_tok_s": float("nan"), "ttft_s": 0.1}, "junk"]},
-                       perf.Workload(2, 256, 64), "t", "gate", "r1", 1.0)
+    odd = perf.figures(
+        {
+            "median_decode_tok_s": 1e999,
+            "median_ttft_s": 0.1,
+            "runs": [{"decode_tok_s": float("nan"), "ttft_s": 0.1}, "junk"],
+        },
+        perf.Workload(2, 256, 64),
+        "t",
+        "gate",
+        "r1",
+        1.0,
+    )
     assert odd.decode_tok_s is None and odd.runs == ((None, 0.1),)
 
 
@@ -89,16 +104,19 @@ def test_the_best_of_two_measurements_is_the_faster_figure_of_each():
 def test_settings_come_from_the_data_defaults():
     data = load_group("all")
     s = perf.Settings.of(data)
-    assert s.enabled and s.workload == perf.Workload(data["perf_gate_runs"],
-                                                     data["perf_gate_prompt_tokens"],
-                                                     data["perf_gate_max_tokens"])
+    assert s.enabled and s.workload == perf.Workload(
+        data["perf_gate_runs"], data["perf_gate_prompt_tokens"], data["perf_gate_max_tokens"]
+    )
     assert (s.thresholds.decode_drop_pct, s.thresholds.ttft_rise_pct) == (10, 25)
     assert load_group("testbed_spark")["perf_gate"] is False  # the stand-in's speed is no speed
 
 
 def test_figures_from_the_bench_and_back():
-    raw = {"median_decode_tok_s": 41.5, "median_ttft_s": 0.12,
-           "runs": [{"decode_tok_s": 41.0, "ttft_s": 0.11}, {"decode_tok_s": 42.0, "ttft_s": 0.13}]}
+    raw = {
+        "median_decode_tok_s": 41.5,
+        "median_ttft_s": 0.12,
+        "runs": [{"decode_tok_s": 41.0, "ttft_s": 0.11}, {"decode_tok_s": 42.0, "ttft_s": 0.13}],
+    }
     f = perf.figures(raw, perf.Workload(2, 256, 64), "2026-12-02T21:00:00Z", "gate", "r1", 3.456)
     doc = f.to_json()
     assert doc["workload"] == {"runs": 2, "prompt_tokens": 256, "max_tokens": 64}
@@ -115,9 +133,19 @@ def test_cv():
 
 
 def release(version: str, **kw) -> Release:
-    return Release("llama.cpp", version, f"/opt/servefleet/llama.cpp/{version}",
-                   "servefleet-llama.service", "[Service]\n", "org/m", "main", "a" * 40,
-                   "/opt/servefleet/models/m", "d", **kw)
+    return Release(
+        "llama.cpp",
+        version,
+        f"/opt/servefleet/llama.cpp/{version}",
+        "servefleet-llama.service",
+        "[Service]\n",
+        "org/m",
+        "main",
+        "a" * 40,
+        "/opt/servefleet/models/m",
+        "d",
+        **kw,
+    )
 
 
 def test_figures_are_not_part_of_a_releases_id():
@@ -147,19 +175,44 @@ def test_figures_move_with_their_release():
 
 def test_the_rollout_report_shows_the_failed_figure_with_both_values():
     said = "performance gate failed: decode 40.0 -> 20.0 tok/s (-50.0 %, limit -10 %) FAILED"
-    report = RolloutReport("r1", {"rtx4090-1": HostRollout(
-        "rtx4090-1", "llama.cpp b1 (x)", "llama.cpp b2 (y)", "rolled back", 30.0, 5.0, 4.0,
-        said, perf_s=6.0, perf=said, perf_after=fig(20.0, 0.2).to_json())})
+    report = RolloutReport(
+        "r1",
+        {
+            "rtx4090-1": HostRollout(
+                "rtx4090-1",
+                "llama.cpp b1 (x)",
+                "llama.cpp b2 (y)",
+                "rolled back",
+                30.0,
+                5.0,
+                4.0,
+                said,
+                perf_s=6.0,
+                perf=said,
+                perf_after=fig(20.0, 0.2).to_json(),
+            )
+        },
+    )
     out = render(report)
     assert f"rtx4090-1: {said}" in out and "perf s" in out
     assert report.to_dict()["hosts"]["rtx4090-1"]["perf_after"]["decode_tok_s"] == 20.0
 
 
 def test_bench_compare_report():
-    rows = [Comparison("rtx4090-1", True, None, "llama.cpp b2", fig(20.0, 0.2).to_json(),
-                       "llama.cpp b1", fig(40.0, 0.2).to_json(),
-                       ["decode 40.0 -> 20.0 tok/s (-50.0 %, limit -10 %) FAILED"], True),
-            Comparison("rtx4090-5", False, "connection refused")]
+    rows = [
+        Comparison(
+            "rtx4090-1",
+            True,
+            None,
+            "llama.cpp b2",
+            fig(20.0, 0.2).to_json(),
+            "llama.cpp b1",
+            fig(40.0, 0.2).to_json(),
+            ["decode 40.0 -> 20.0 tok/s (-50.0 %, limit -10 %) FAILED"],
+            True,
+        ),
+        Comparison("rtx4090-5", False, "connection refused"),
+    ]
     out = render_compare(rows)
     assert "slower" in out and "connection refused" in out and "40.0" in out and "20.0" in out
 
@@ -190,9 +243,13 @@ def gate(monkeypatch):
     from servefleet.verbs import perfgate
 
     script, kept, said = {}, [], []
-    monkeypatch.setattr(perfgate, "measure", lambda host, kind, rid: (
-        lambda f: replace(f, kind=kind, rollout=rid) if isinstance(f, perf.Figures) else f)(
-        script[host.name].pop(0)))
+    monkeypatch.setattr(
+        perfgate,
+        "measure",
+        lambda host, kind, rid: (
+            lambda f: replace(f, kind=kind, rollout=rid) if isinstance(f, perf.Figures) else f
+        )(script[host.name].pop(0)),
+    )
     monkeypatch.setattr(perfgate, "keep", lambda host, f: kept.append((host.name, f)) or True)
     g = perfgate.PerfGate("r1", True, said.append)
     return g, script, kept, said
@@ -201,15 +258,18 @@ def gate(monkeypatch):
 def test_the_gate_fails_a_slower_host_and_passes_an_equal_one(gate):
     g, script, kept, _ = gate
     a, b = FakeHost("a"), FakeHost("b")
-    script.update(a=[fig(40.0, 0.2, seconds=2.0), fig(20.0, 0.2, seconds=2.5),
-                     fig(21.0, 0.2, seconds=2.5)],
-                  b=[fig(40.0, 0.2, seconds=2.0), fig(39.5, 0.2, seconds=2.0)])
+    script.update(
+        a=[fig(40.0, 0.2, seconds=2.0), fig(20.0, 0.2, seconds=2.5), fig(21.0, 0.2, seconds=2.5)],
+        b=[fig(40.0, 0.2, seconds=2.0), fig(39.5, 0.2, seconds=2.0)],
+    )
     sess = FakeSession([a, b])
     g.baseline(sess, ["a", "b"])
     assert [k for _, k in ((n, f.kind) for n, f in kept)] == ["baseline", "baseline"]
     out = g.check(sess, ["a", "b"])
-    assert out["a"][0] == perf.FAIL and "decode 40.0 -> 21.0 tok/s (-47.5 %, limit -10 %) FAILED" \
-        in out["a"][1]
+    assert (
+        out["a"][0] == perf.FAIL
+        and "decode 40.0 -> 21.0 tok/s (-47.5 %, limit -10 %) FAILED" in out["a"][1]
+    )
     assert out["b"][0] == perf.PASS and out["b"][1].startswith("performance gate passed")
     assert kept[-1][1].verdict or kept[-2][1].verdict  # the gate's figures carry the verdict
     assert g.seconds == {"a": 7.0, "b": 4.0}  # a failed once and was measured again
@@ -268,8 +328,13 @@ def test_a_figure_that_cannot_be_measured_twice_is_inconclusive(gate):
 
 
 def test_an_inconclusive_host_is_held_on_its_new_release_and_not_counted_as_upgraded():
-    report = RolloutReport("r1", {"a": HostRollout("a", "b1", "b2", "upgraded"),
-                                  "b": HostRollout("b", "b1", "b2", "inconclusive")})
+    report = RolloutReport(
+        "r1",
+        {
+            "a": HostRollout("a", "b1", "b2", "upgraded"),
+            "b": HostRollout("b", "b1", "b2", "inconclusive"),
+        },
+    )
     assert report.exit_code == 1
     report.hosts["b"].result = "upgraded"
     assert report.exit_code == 0
@@ -282,8 +347,10 @@ def test_the_gate_is_off_by_flag_by_data_or_without_a_baseline(gate, monkeypatch
     hosts = [FakeHost("off", perf_gate=False), FakeHost("broken")]
     script["broken"] = ["the bench failed: HTTP 401"]
     g.baseline(FakeSession(hosts), ["off", "broken"])
-    assert g.off == {"off": perfgate.OFF_BY_DATA,
-                     "broken": "off (no baseline: the bench failed: HTTP 401)"}
+    assert g.off == {
+        "off": perfgate.OFF_BY_DATA,
+        "broken": "off (no baseline: the bench failed: HTTP 401)",
+    }
     assert not g.baselines and not kept
     flagless = perfgate.PerfGate("r2", False, lambda line: None)
     flagless.baseline(FakeSession([FakeHost("x")]), ["x"])
@@ -305,28 +372,51 @@ def test_a_host_the_gate_failed_goes_back_to_the_previous_release(monkeypatch):
     from servefleet.verbs.session import HostOutcome
 
     calls, sessions = [], []
-    monkeypatch.setattr(ro.api, "converge", lambda inv, deploy, names, data: calls.append(
-        (deploy, list(names), data["previous_release"])) or {
-        n: HostOutcome(n, True) for n in names})
+    monkeypatch.setattr(
+        ro.api,
+        "converge",
+        lambda inv, deploy, names, data: (
+            calls.append((deploy, list(names), data["previous_release"]))
+            or {n: HostOutcome(n, True) for n in names}
+        ),
+    )
     monkeypatch.setattr(ro.Rollout, "session", lambda self, names=None: sessions.append(names))
-    monkeypatch.setattr(ro.Rollout, "_gate", lambda self, names: {
-        n: (n != "sick", "gate", 1.0) for n in names})
+    monkeypatch.setattr(
+        ro.Rollout, "_gate", lambda self, names: {n: (n != "sick", "gate", 1.0) for n in names}
+    )
     marks = []
-    monkeypatch.setattr(ro.Rollout, "_mark", lambda self, names, phase: marks.append(
-        (list(names), phase)))
-    r = ro.Rollout("inventory/testbed.py", "deploys/serve_q4_llamacpp.py", "1", 0, None,
-                   {"x": 1}, lambda line: None)
+    monkeypatch.setattr(
+        ro.Rollout, "_mark", lambda self, names, phase: marks.append((list(names), phase))
+    )
+    r = ro.Rollout(
+        "inventory/testbed.py",
+        "deploys/serve_q4_llamacpp.py",
+        "1",
+        0,
+        None,
+        {"x": 1},
+        lambda line: None,
+    )
     for n in ("slow", "broken"):
         r.report.hosts[n] = HostRollout(n)
     r._rollback(["slow", "broken"], slower=["slow"])
     assert calls == [(ro.ROLLBACK, ["broken"], False), (ro.ROLLBACK, ["slow"], True)]
-    assert {n: h.result for n, h in r.report.hosts.items()} == {"slow": "rolled back",
-                                                                 "broken": "rolled back"}
+    assert {n: h.result for n, h in r.report.hosts.items()} == {
+        "slow": "rolled back",
+        "broken": "rolled back",
+    }
     assert marks == [(["slow", "broken"], "rolling-back"), (["slow", "broken"], None)]
     monkeypatch.undo()
     monkeypatch.setattr(ro.Rollout, "session", lambda self, names=None: sessions.append(names))
-    ro.Rollout("inventory/testbed.py", "deploys/serve_q4_llamacpp.py", "1", 0, None, None,
-               lambda line: None)._mark([], None)
+    ro.Rollout(
+        "inventory/testbed.py",
+        "deploys/serve_q4_llamacpp.py",
+        "1",
+        0,
+        None,
+        None,
+        lambda line: None,
+    )._mark([], None)
     assert sessions == []
 
 
@@ -367,34 +457,68 @@ def test_a_host_rolled_back_only_because_the_node_slowed_is_upgraded_again(gate,
     g, script, kept, _ = gate
     hosts = {n: FakeHost(n) for n in ("loaded", "slower", "flaky")}
     converged, rolled = [], []
-    monkeypatch.setattr(ro.api, "converge", lambda inv, deploy, names, data: converged.append(
-        (deploy, list(names))) or {n: HostOutcome(n, n != "flaky", error=None if n != "flaky" else
-                                                  "apt: no space left") for n in names})
-    monkeypatch.setattr(ro.Rollout, "session", lambda self, names=None: contextlib.nullcontext(
-        FakeSession([hosts[n] for n in names])))
-    monkeypatch.setattr(ro.Rollout, "_gate", lambda self, names: {n: (True, "healthy", 1.0)
-                                                                 for n in names})
+    monkeypatch.setattr(
+        ro.api,
+        "converge",
+        lambda inv, deploy, names, data: (
+            converged.append((deploy, list(names)))
+            or {
+                n: HostOutcome(
+                    n, n != "flaky", error=None if n != "flaky" else "apt: no space left"
+                )
+                for n in names
+            }
+        ),
+    )
+    monkeypatch.setattr(
+        ro.Rollout,
+        "session",
+        lambda self, names=None: contextlib.nullcontext(FakeSession([hosts[n] for n in names])),
+    )
+    monkeypatch.setattr(
+        ro.Rollout, "_gate", lambda self, names: {n: (True, "healthy", 1.0) for n in names}
+    )
     monkeypatch.setattr(ro.Rollout, "_mark", lambda self, names, phase: None)
-    monkeypatch.setattr(ro.Rollout, "_rollback", lambda self, names, slower: rolled.append(
-        list(names)))
-    r = ro.Rollout("inventory/testbed.py", "deploys/serve_q4_llamacpp.py", "1", 0, None, None,
-                   lambda line: None)
+    monkeypatch.setattr(
+        ro.Rollout, "_rollback", lambda self, names, slower: rolled.append(list(names))
+    )
+    r = ro.Rollout(
+        "inventory/testbed.py",
+        "deploys/serve_q4_llamacpp.py",
+        "1",
+        0,
+        None,
+        None,
+        lambda line: None,
+    )
     r.perf = g
     after = fig(900.0, 0.090, kind="gate")
     for n in hosts:
         g.baselines[n] = fig(1250.0, 0.072, kind="baseline")
-        r.report.hosts[n] = HostRollout(n, "b1", "b2", "rolled back", perf=(
-            "performance gate failed: decode 1250.0 -> 900.0 tok/s (-28.0 %, limit -10 %) FAILED"),
-            perf_after=after.to_json())
-    script.update(loaded=[fig(905.0, 0.09)] * 2, slower=[fig(1255.0, 0.07)] * 2,
-                  flaky=[fig(890.0, 0.09)] * 2)
+        r.report.hosts[n] = HostRollout(
+            n,
+            "b1",
+            "b2",
+            "rolled back",
+            perf=(
+                "performance gate failed: decode 1250.0 -> 900.0 tok/s (-28.0 %, limit -10 %) FAILED"
+            ),
+            perf_after=after.to_json(),
+        )
+    script.update(
+        loaded=[fig(905.0, 0.09)] * 2, slower=[fig(1255.0, 0.07)] * 2, flaky=[fig(890.0, 0.09)] * 2
+    )
     up = r._bracket(list(hosts))
     assert up == ["loaded"] and converged == [(r.deploy, ["loaded", "flaky"])]
     rec = r.report.hosts["loaded"]
     assert rec.result == "upgraded" and rec.again
-    assert rec.perf.startswith("performance gate passed against the previous release measured "
-                               "again decode 905.0 -> 900.0 tok/s") and "first verdict: failed" \
-        in rec.perf
+    assert (
+        rec.perf.startswith(
+            "performance gate passed against the previous release measured "
+            "again decode 905.0 -> 900.0 tok/s"
+        )
+        and "first verdict: failed" in rec.perf
+    )
     assert kept[-1][0] == "loaded" and kept[-1][1].verdict == rec.perf
     assert (kept[-1][1].decode_tok_s, kept[-1][1].kind) == (900.0, "gate")
     assert rec.perf_after["verdict"] == rec.perf

@@ -99,8 +99,13 @@ def problem(path: str, key: str = "uv_cache_dir") -> str | None:
 def test_the_chain_parses():
     chains = parse_path_chain(REAL["/usr/bin/python3"].splitlines())
     assert [e["path"] for e in chains["W"]] == ["/usr/bin/python3", "/usr/bin", "/usr", "/"]
-    assert chains["R"][0] == {"type": "regular file", "uid": 0, "user": "root", "mode": "755",
-                              "path": "/usr/bin/python3.11"}
+    assert chains["R"][0] == {
+        "type": "regular file",
+        "uid": 0,
+        "user": "root",
+        "mode": "755",
+        "path": "/usr/bin/python3.11",
+    }
 
 
 @pytest.mark.parametrize("path", ["/usr/bin/python3", "/var/cache/sf-demo/missing/uv"])
@@ -108,16 +113,30 @@ def test_root_only_paths_pass(path):
     assert problem(path) is None
 
 
-@pytest.mark.parametrize("path, expected", [
-    ("/tmp/sf-demo-target/uv", "uv_cache_dir = /tmp/sf-demo-target/uv: /tmp is owned by root "
-                               "(uid 0), mode 1777 (directory)"),
-    ("/var/cache/sf-demo/owned", "uv_cache_dir = /var/cache/sf-demo/owned: it is owned by nobody "
-                                 "(uid 65534), mode 0755 (directory)"),
-    ("/var/cache/sf-demo/grp/uv", "uv_cache_dir = /var/cache/sf-demo/grp/uv: "
-                                  "/var/cache/sf-demo/grp is owned by root (uid 0), mode 0775"),
-    ("/var/cache/sf-demo/link/uv", "uv_cache_dir = /var/cache/sf-demo/link/uv: /tmp is owned by "
-                                   "root (uid 0), mode 1777"),
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        (
+            "/tmp/sf-demo-target/uv",
+            "uv_cache_dir = /tmp/sf-demo-target/uv: /tmp is owned by root "
+            "(uid 0), mode 1777 (directory)",
+        ),
+        (
+            "/var/cache/sf-demo/owned",
+            "uv_cache_dir = /var/cache/sf-demo/owned: it is owned by nobody "
+            "(uid 65534), mode 0755 (directory)",
+        ),
+        (
+            "/var/cache/sf-demo/grp/uv",
+            "uv_cache_dir = /var/cache/sf-demo/grp/uv: "
+            "/var/cache/sf-demo/grp is owned by root (uid 0), mode 0775",
+        ),
+        (
+            "/var/cache/sf-demo/link/uv",
+            "uv_cache_dir = /var/cache/sf-demo/link/uv: /tmp is owned by root (uid 0), mode 1777",
+        ),
+    ],
+)
 def test_what_another_user_can_change_is_named_in_one_line(path, expected):
     found = problem(path)
     assert found.startswith(expected), found
@@ -143,8 +162,12 @@ def test_sticky_and_symlink_rules():
 
 def _read(path: str):
     """The fact run here, as pyinfra's get_fact runs it (its stdout through its parser)."""
-    out = subprocess.run(["sh", "-c", batch.command_of(PathChain, {"path": path})],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", batch.command_of(PathChain, {"path": path})],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return PathChain().process(out.splitlines())
 
 

@@ -63,6 +63,7 @@ def load_script(relative: str):
 
 # --- data --------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("roles", [("spark",), ("spark", "testbed_spark", "testbed")])
 def test_recipe_defaults_pass_the_contract(roles):
     data = group_data(*roles)
@@ -86,12 +87,16 @@ def test_paths(spark):
     assert vllm.venv_path({**spark, "vllm_version": "0.26.0"}).endswith("/venvs/vllm-0.26.0")
     # One directory per repo and commit (the previous release's model stays servable).
     sha = "0123456789abcdef0123456789abcdef01234567"
-    assert NodeLayout.of(spark).model_dir(spark["model_repo"], sha) == \
-        f"/opt/servefleet/models/Qwen--Qwen-AgentWorld-35B-A3B/{sha}"
+    assert (
+        NodeLayout.of(spark).model_dir(spark["model_repo"], sha)
+        == f"/opt/servefleet/models/Qwen--Qwen-AgentWorld-35B-A3B/{sha}"
+    )
     moved = {**spark, "servefleet_root": "/srv/sf", "models_root": "/data/models"}
     assert vllm.venv_path(moved) == "/srv/sf/venvs/vllm-0.24.0"
-    assert NodeLayout.of(moved).model_dir(spark["model_repo"], sha) == \
-        f"/data/models/Qwen--Qwen-AgentWorld-35B-A3B/{sha}"
+    assert (
+        NodeLayout.of(moved).model_dir(spark["model_repo"], sha)
+        == f"/data/models/Qwen--Qwen-AgentWorld-35B-A3B/{sha}"
+    )
 
 
 # --- versions ----------------------------------------------------------------------------------
@@ -105,11 +110,15 @@ def test_versions_as_pinned_pass():
     assert vllm.versions_match(found, PINS)
     assert vllm.version_problems(found, PINS, "13.0", "13.0", VENV) == []
     # A local label (the PyTorch index's 2.11.0+cu130) satisfies the pin, as pip says.
-    assert vllm.version_problems({**found, "torch": "2.11.0+cu130"}, PINS, "13.0", "13.0", VENV) == []
+    assert (
+        vllm.version_problems({**found, "torch": "2.11.0+cu130"}, PINS, "13.0", "13.0", VENV) == []
+    )
 
 
 def test_version_mismatch_names_both_values():
-    problems = vllm.version_problems({"torch": "2.10.0", "vllm": "0.24.0"}, PINS, "13.0", "13.0", VENV)
+    problems = vllm.version_problems(
+        {"torch": "2.10.0", "vllm": "0.24.0"}, PINS, "13.0", "13.0", VENV
+    )
     assert problems == [f"torch 2.10.0 is installed in {VENV}, the pin is torch==2.11.0"]
     assert not vllm.versions_match({"torch": "2.10.0", "vllm": "0.24.0"}, PINS)
     problems = vllm.version_problems({"torch": "2.11.0"}, PINS, "13.0", "13.0", VENV)
@@ -153,16 +162,30 @@ def test_torch_cuda_fact_reads_the_real_version_py(tmp_path):
 
 # --- service -----------------------------------------------------------------------------------
 
+
 def test_serve_args_are_the_recipe(spark):
     args = vllm.serve_args(spark, "/opt/servefleet/models/Qwen--Qwen-AgentWorld-35B-A3B")
     line = " ".join(args)
     assert args[:2] == ["serve", "/opt/servefleet/models/Qwen--Qwen-AgentWorld-35B-A3B"]
-    for part in ("--served-model-name Qwen/Qwen-AgentWorld-35B-A3B", "--language-model-only",
-                 "--max-model-len 262144", "--kv-cache-memory-bytes 8589934592",
-                 "--host 127.0.0.1", "--port 8000", "--dtype bfloat16"):
+    for part in (
+        "--served-model-name Qwen/Qwen-AgentWorld-35B-A3B",
+        "--language-model-only",
+        "--max-model-len 262144",
+        "--kv-cache-memory-bytes 8589934592",
+        "--host 127.0.0.1",
+        "--port 8000",
+        "--dtype bfloat16",
+    ):
         assert part in line
-    auto = vllm.serve_args({**spark, "kv_cache_memory_bytes": None, "language_model_only": False,
-                            "vllm_extra_args": ["--gpu-memory-utilization", "0.85"]}, "/m")
+    auto = vllm.serve_args(
+        {
+            **spark,
+            "kv_cache_memory_bytes": None,
+            "language_model_only": False,
+            "vllm_extra_args": ["--gpu-memory-utilization", "0.85"],
+        },
+        "/m",
+    )
     assert "--kv-cache-memory-bytes" not in auto and "--language-model-only" not in auto
     assert auto[-2:] == ["--gpu-memory-utilization", "0.85"]
     # Remote code (the repo's own Python, run as the engine) only when the data turns it on.
@@ -178,22 +201,36 @@ def test_exec_line_quotes_for_systemd():
 @pytest.mark.parametrize("key", [None, "/tmp/api-key"])
 def test_unit_template(spark, key, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)  # templates and their includes resolve against the project
-    unit = render_template(recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "api_key_file": key}, MODEL))
+    unit = render_template(
+        recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "api_key_file": key}, MODEL)
+    )
     lines = unit.splitlines()
-    for expected in ("User=servefleet", 'Environment="HF_HUB_OFFLINE=1"', "Restart=on-failure",
-                     "StandardOutput=journal", "StandardError=journal", "ProtectSystem=strict",
-                     "ReadWritePaths=/opt/servefleet/cache /opt/servefleet/models",
-                     # The secrets and root's records: not even readable by the engine.
-                     "InaccessiblePaths=-/opt/servefleet/etc -/opt/servefleet/state",
-                     "NoNewPrivileges=yes", "CapabilityBoundingSet=", "DevicePolicy=closed",
-                     "WantedBy=multi-user.target"):
+    for expected in (
+        "User=servefleet",
+        'Environment="HF_HUB_OFFLINE=1"',
+        "Restart=on-failure",
+        "StandardOutput=journal",
+        "StandardError=journal",
+        "ProtectSystem=strict",
+        "ReadWritePaths=/opt/servefleet/cache /opt/servefleet/models",
+        # The secrets and root's records: not even readable by the engine.
+        "InaccessiblePaths=-/opt/servefleet/etc -/opt/servefleet/state",
+        "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=",
+        "DevicePolicy=closed",
+        "WantedBy=multi-user.target",
+    ):
         assert expected in lines, expected
     assert ("EnvironmentFile=/opt/servefleet/etc/vllm.env" in lines) == bool(key)
     assert "--language-model-only \\" in unit and "--kv-cache-memory-bytes 8589934592" in unit
-    assert "MemoryDenyWriteExecute=yes" in lines  # served on the H200 under it (fixtures/h200/sandbox)
+    assert (
+        "MemoryDenyWriteExecute=yes" in lines
+    )  # served on the H200 under it (fixtures/h200/sandbox)
     # GPU nodes: the NVIDIA devices, and only them, behind DevicePolicy=closed.
     assert ("DeviceAllow=char-nvidia rw" in lines) is True
-    cpu = render_template(recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "require_gpu": False}, MODEL))
+    cpu = render_template(
+        recipe.UNIT_TEMPLATE, vllm.unit_context({**spark, "require_gpu": False}, MODEL)
+    )
     assert "DeviceAllow" not in cpu
     service = unit.split("[Service]")[1].split("[Install]")[0]
     assert "\n\n" not in service.strip()
@@ -201,9 +238,15 @@ def test_unit_template(spark, key, monkeypatch):
 
 def test_page_cache_policy():
     assert vllm.page_cache_applies({"page_cache_policy": "auto", "kv_cache_memory_bytes": None})
-    assert not vllm.page_cache_applies({"page_cache_policy": "auto", "kv_cache_memory_bytes": 8 * GiB})
-    assert vllm.page_cache_applies({"page_cache_policy": "always", "kv_cache_memory_bytes": 8 * GiB})
-    assert not vllm.page_cache_applies({"page_cache_policy": "never", "kv_cache_memory_bytes": None})
+    assert not vllm.page_cache_applies(
+        {"page_cache_policy": "auto", "kv_cache_memory_bytes": 8 * GiB}
+    )
+    assert vllm.page_cache_applies(
+        {"page_cache_policy": "always", "kv_cache_memory_bytes": 8 * GiB}
+    )
+    assert not vllm.page_cache_applies(
+        {"page_cache_policy": "never", "kv_cache_memory_bytes": None}
+    )
 
 
 # --- memory preflight --------------------------------------------------------------------------
@@ -212,7 +255,9 @@ WEIGHTS = 67 * GiB  # ~35B parameters in BF16
 
 
 def test_the_recipe_fits_a_spark(spark):
-    verdict = vllm.memory_verdict(AGENTWORLD_CONFIG, WEIGHTS, kvplan.SPARK_USABLE_MEMORY_BYTES, spark)
+    verdict = vllm.memory_verdict(
+        AGENTWORLD_CONFIG, WEIGHTS, kvplan.SPARK_USABLE_MEMORY_BYTES, spark
+    )
     assert verdict.problems == []
     # The numbers vLLM 0.24.0 logs for this model (tests/unit/test_kvplan.py derives them).
     assert (verdict.plan.tokens, f"{verdict.plan.max_concurrency:.2f}") == (412_980, "1.58")
@@ -221,7 +266,9 @@ def test_the_recipe_fits_a_spark(spark):
 
 def test_a_pool_too_small_for_max_model_len_is_refused_with_numbers(spark):
     data = {**spark, "kv_cache_memory_bytes": 4 * GiB}
-    verdict = vllm.memory_verdict(AGENTWORLD_CONFIG, WEIGHTS, kvplan.SPARK_USABLE_MEMORY_BYTES, data)
+    verdict = vllm.memory_verdict(
+        AGENTWORLD_CONFIG, WEIGHTS, kvplan.SPARK_USABLE_MEMORY_BYTES, data
+    )
     (problem,) = verdict.problems
     # One 262,144-token request needs 252 blocks of 21,626,880 bytes = 5,449,973,760 bytes.
     assert "needs 5.08 GiB (5,449,973,760 bytes)" in problem
@@ -233,7 +280,9 @@ def test_a_pool_too_small_for_max_model_len_is_refused_with_numbers(spark):
 def test_over_budget_is_refused_with_numbers(spark):
     verdict = vllm.memory_verdict(AGENTWORLD_CONFIG, WEIGHTS, 64 * GiB, spark)
     (problem,) = verdict.problems
-    assert problem.startswith("weights 67.0 + KV pool 8.0 + overhead 4.0 = 79.0 GiB > 64.0 GiB usable")
+    assert problem.startswith(
+        "weights 67.0 + KV pool 8.0 + overhead 4.0 = 79.0 GiB > 64.0 GiB usable"
+    )
 
 
 def test_auto_sized_pool_is_planned_from_what_is_left(spark):
@@ -247,9 +296,15 @@ def test_auto_sized_pool_is_planned_from_what_is_left(spark):
 
 # --- operations on @local ----------------------------------------------------------------------
 
+
 def run_op(op: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYINFRA, "@local", f"servefleet.operations.vllm_preflight.{op}", *args, "-y"],
-                          cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [PYINFRA, "@local", f"servefleet.operations.vllm_preflight.{op}", *args, "-y"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -259,32 +314,43 @@ def tiny(tmp_path_factory) -> Path:
 
 def test_lint_fails_the_host_whose_recipe_would_not_load(tiny, tmp_path):
     # As root here: on a node, the service user (who owns the models root).
-    ok = run_op("checkpoint_lint", tmp_path, f"path={tiny}", "language_model_only=True", "user=root")
-    bad = run_op("checkpoint_lint", tmp_path, f"path={tiny}", "language_model_only=False",
-                 "user=root")
+    ok = run_op(
+        "checkpoint_lint", tmp_path, f"path={tiny}", "language_model_only=True", "user=root"
+    )
+    bad = run_op(
+        "checkpoint_lint", tmp_path, f"path={tiny}", "language_model_only=False", "user=root"
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert bad.returncode == 1
     out = bad.stdout + bad.stderr
     assert "servefleet: checkpoint" in out and "0 visual" in out
-    assert ("Qwen3_5MoeForConditionalGeneration builds a vision tower but the checkpoint has no "
-            "visual weights") in out
+    assert (
+        "Qwen3_5MoeForConditionalGeneration builds a vision tower but the checkpoint has no "
+        "visual weights"
+    ) in out
 
 
 def test_memory_preflight_fails_the_host_with_numbers(tiny, tmp_path, spark):
     data = {k: spark[k] for k in ("max_model_len", "kv_block_alignment", "memory_overhead_bytes")}
     good = {**data, "kv_cache_memory_bytes": 8 * GiB, "usable_memory_bytes": 64 * GiB}
     small = {**good, "kv_cache_memory_bytes": 64 << 20}
-    ok = run_op("memory_preflight", tmp_path, f"path={tiny}", f"data={json.dumps(good)}", "user=root")
-    bad = run_op("memory_preflight", tmp_path, f"path={tiny}", f"data={json.dumps(small)}",
-                 "user=root")
+    ok = run_op(
+        "memory_preflight", tmp_path, f"path={tiny}", f"data={json.dumps(good)}", "user=root"
+    )
+    bad = run_op(
+        "memory_preflight", tmp_path, f"path={tiny}", f"data={json.dumps(small)}", "user=root"
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert bad.returncode == 1
     # The tiny checkpoint's config: block size 528, 500 blocks of 270,336 bytes per request.
-    assert "needs 0.13 GiB (135,168,000 bytes) of KV cache, the pool is 0.06 GiB (67,108,864 " \
-           "bytes); it holds at most 129,360 tokens per request" in bad.stdout + bad.stderr
+    assert (
+        "needs 0.13 GiB (135,168,000 bytes) of KV cache, the pool is 0.06 GiB (67,108,864 "
+        "bytes); it holds at most 129,360 tokens per request" in bad.stdout + bad.stderr
+    )
 
 
 # --- node-side scripts -------------------------------------------------------------------------
+
 
 def test_evict_reports_bytes_evicted(tmp_path):
     tree = tmp_path / "model"
@@ -293,21 +359,34 @@ def test_evict_reports_bytes_evicted(tmp_path):
     (tree / "link.safetensors").symlink_to(tree / "a.safetensors")  # counted once
     (tree / "a.safetensors").read_bytes()
     record = tmp_path / "evict.json"
-    done = subprocess.run([sys.executable, str(REPO_ROOT / recipe.EVICT_SCRIPT), str(tree), "--record", str(record)],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / recipe.EVICT_SCRIPT), str(tree), "--record", str(record)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     report = json.loads(done.stdout)
     assert report == json.loads(record.read_text())
     assert (report["files"], report["bytes"]) == (1, 4 << 20)
     assert report["resident_after"] == 0
     assert report["evicted"] == report["resident_before"] > 0
-    again = json.loads(subprocess.run([sys.executable, str(REPO_ROOT / recipe.EVICT_SCRIPT), str(tree)],
-                                      capture_output=True, text=True, check=True).stdout)
+    again = json.loads(
+        subprocess.run(
+            [sys.executable, str(REPO_ROOT / recipe.EVICT_SCRIPT), str(tree)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert again["evicted"] == 0
 
 
 def test_evict_refuses_a_missing_directory(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO_ROOT / recipe.EVICT_SCRIPT), str(tmp_path / "nope")],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / recipe.EVICT_SCRIPT), str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "is not a directory" in done.stderr
 
 
@@ -323,8 +402,10 @@ def test_health_parses_the_engine_log():
     assert seen == {"tokens": 412_980, "max_model_len": 262_144, "concurrency": "1.58"}
     assert health.compare(seen, 412_980, "1.58", 262_144) == []
     problems = health.compare(seen, 416_727, "1.59", 262_144)
-    assert problems == ["vLLM logged GPU KV cache size 412,980 tokens, plan-kv expected 416,727",
-                        "vLLM logged maximum concurrency 1.58x, plan-kv expected 1.59x"]
+    assert problems == [
+        "vLLM logged GPU KV cache size 412,980 tokens, plan-kv expected 416,727",
+        "vLLM logged maximum concurrency 1.58x, plan-kv expected 1.59x",
+    ]
     assert health.compare({}, 1, "1.00")[0].startswith("the engine log of this start has no")
     assert health.compare({}, None, None) == []
 
@@ -350,8 +431,13 @@ class FakeVllm(http.server.BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.headers.get("Authorization") != f"Bearer {self.key}":
             return self._send(401, {"error": "Unauthorized"})
-        self._send(200, {"model": body["model"],
-                         "choices": [{"message": {"role": "assistant", "content": "Hello"}}]})
+        self._send(
+            200,
+            {
+                "model": body["model"],
+                "choices": [{"message": {"role": "assistant", "content": "Hello"}}],
+            },
+        )
 
 
 @pytest.fixture
@@ -367,16 +453,42 @@ def test_health_script_end_to_end(fake_vllm, tmp_path):
     log.write_text(VLLM_LOG)
     key = tmp_path / "api-key"
     key.write_text("s3cret\n")  # the plain key file both engines use
-    base = [sys.executable, str(REPO_ROOT / serving.HEALTH_SCRIPT), "--url", fake_vllm, "--model", "m",
-            "--timeout", "5", "--log-file", str(log), "--key-file", str(key)]
+    base = [
+        sys.executable,
+        str(REPO_ROOT / serving.HEALTH_SCRIPT),
+        "--url",
+        fake_vllm,
+        "--model",
+        "m",
+        "--timeout",
+        "5",
+        "--log-file",
+        str(log),
+        "--key-file",
+        str(key),
+    ]
 
-    ok = subprocess.run([*base, "--expect-tokens", "412980", "--expect-concurrency", "1.58",
-                         "--max-model-len", "262144"], capture_output=True, text=True)
+    ok = subprocess.run(
+        [
+            *base,
+            "--expect-tokens",
+            "412980",
+            "--expect-concurrency",
+            "1.58",
+            "--max-model-len",
+            "262144",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["chat"] == "Hello"
 
-    off = subprocess.run([*base, "--expect-tokens", "400000", "--expect-concurrency", "1.58"],
-                         capture_output=True, text=True)
+    off = subprocess.run(
+        [*base, "--expect-tokens", "400000", "--expect-concurrency", "1.58"],
+        capture_output=True,
+        text=True,
+    )
     assert off.returncode == 1
     assert "vLLM logged GPU KV cache size 412,980 tokens, plan-kv expected 400,000" in off.stderr
 
@@ -388,12 +500,14 @@ def test_health_script_end_to_end(fake_vllm, tmp_path):
 def test_health_gives_up_after_its_timeout():
     health = load_script("files/health/health.py")
     clock = iter(range(0, 100, 5))
-    problem = health.wait_healthy("http://127.0.0.1:9", health.Unit(""), 10,
-                                  sleep=lambda s: None, now=lambda: next(clock))
+    problem = health.wait_healthy(
+        "http://127.0.0.1:9", health.Unit(""), 10, sleep=lambda s: None, now=lambda: next(clock)
+    )
     assert problem.startswith("no healthy /health at http://127.0.0.1:9 after 10 s")
 
 
 # --- the pinned install, read back after it ran ------------------------------------------------
+
 
 def fake_uv(tmp_path: Path, venv: Path, torch: str, cuda: str) -> Path:
     """A stand-in for uv that 'installs' torch/vLLM dist-info (and torch/version.py) into venv."""
@@ -416,10 +530,23 @@ printf "cuda = '{cuda}'\\n" > {site}/torch/version.py
 def install(tmp_path: Path, venv: Path, uv: Path, data: dict) -> subprocess.CompletedProcess:
     sources = [a for link in data.get("pip_find_links", []) for a in ("--find-links", link)]
     return subprocess.run(
-        [PYINFRA, "@local", "servefleet.operations.pyenv.packages", f"venv={venv}", f"uv={uv}",
-         f"pins={json.dumps(PINS)}", 'torch_cuda="13.0"', f"sources={json.dumps(sources)}",
-         f"no_deps={json.dumps(bool(data.get('python_no_deps')))}", "-y"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        [
+            PYINFRA,
+            "@local",
+            "servefleet.operations.pyenv.packages",
+            f"venv={venv}",
+            f"uv={uv}",
+            f"pins={json.dumps(PINS)}",
+            'torch_cuda="13.0"',
+            f"sources={json.dumps(sources)}",
+            f"no_deps={json.dumps(bool(data.get('python_no_deps')))}",
+            "-y",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_install_then_read_back_then_nothing_to_do(tmp_path):
@@ -429,8 +556,17 @@ def test_install_then_read_back_then_nothing_to_do(tmp_path):
     first = install(tmp_path, venv, uv, data)
     assert first.returncode == 0, first.stdout + first.stderr
     assert (tmp_path / "uv.log").read_text().split() == [
-        "pip", "install", "--quiet", "--python", f"{venv}/bin/python", "--find-links", "/wheels",
-        "--no-deps", "torch==2.11.0", "vllm==0.24.0"]
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        f"{venv}/bin/python",
+        "--find-links",
+        "/wheels",
+        "--no-deps",
+        "torch==2.11.0",
+        "vllm==0.24.0",
+    ]
     again = install(tmp_path, venv, uv, data)
     assert again.returncode == 0 and "[@local] No changes" in again.stdout + again.stderr
     assert len((tmp_path / "uv.log").read_text().splitlines()) == 1  # not installed twice
@@ -441,8 +577,10 @@ def test_a_wrong_version_after_install_fails_the_host_with_both_values(tmp_path)
     uv = fake_uv(tmp_path, venv, "2.10.0", "13.0")  # the source serves another torch
     done = install(tmp_path, venv, uv, {})
     assert done.returncode == 1
-    assert (f"servefleet: @local: after installing, torch 2.10.0 is installed in {venv}, the pin "
-            f"is torch==2.11.0") in done.stdout + done.stderr
+    assert (
+        f"servefleet: @local: after installing, torch 2.10.0 is installed in {venv}, the pin "
+        f"is torch==2.11.0"
+    ) in done.stdout + done.stderr
 
 
 def test_a_cpu_torch_fails_the_host_without_reinstalling(tmp_path):

@@ -22,18 +22,29 @@ def test_ids_fit_the_tiny_config(tmp_path):
     assert len(tok["model"]["merges"]) == tt.N_MERGES
     assert len(vocab) + len(added) == config["text_config"]["vocab_size"] == 512
     assert added["<|im_end|>"] == config["text_config"]["eos_token_id"] == 511
-    assert (added["<|vision_start|>"], added["<|vision_end|>"], added["<|image_pad|>"],
-            added["<|video_pad|>"]) == (config["vision_start_token_id"],
-                                         config["vision_end_token_id"], config["image_token_id"],
-                                         config["video_token_id"])
+    assert (
+        added["<|vision_start|>"],
+        added["<|vision_end|>"],
+        added["<|image_pad|>"],
+        added["<|video_pad|>"],
+    ) == (
+        config["vision_start_token_id"],
+        config["vision_end_token_id"],
+        config["image_token_id"],
+        config["video_token_id"],
+    )
     assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == 511
     assert (tmp_path / "chat_template.jinja").read_text() == tiny_models.CHATML_TEMPLATE
 
 
 def test_files_are_deterministic(tmp_path):
     a, b = tt.write_tiny_tokenizer(tmp_path / "a"), tt.write_tiny_tokenizer(tmp_path / "b")
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                 "chat_template.jinja"):
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "chat_template.jinja",
+    ):
         assert (a / name).read_bytes() == (b / name).read_bytes()
 
 
@@ -67,11 +78,17 @@ def test_tokenizers_and_transformers_load_it(tmp_path):
     venv = vllm_venv("0.24.0")
     with cache_lock(venv.name):
         tt.write_tiny_tokenizer(tmp_path)
-        done = subprocess.run([str(venv / "bin" / "python"), "-c", LIBRARY_CHECK, str(tmp_path)],
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", LIBRARY_CHECK, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["size"] == 512 and got["max_id"] < 505 and got["round_trip"]
     assert got["im_start"] == 510
     assert (got["len"], got["eos"], got["pad"]) == (512, 511, 505)
-    assert got["chat"] == "<|im_start|>user\nSay hello in one word.<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        got["chat"] == "<|im_start|>user\nSay hello in one word.<|im_end|>\n<|im_start|>assistant\n"
+    )

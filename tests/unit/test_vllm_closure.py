@@ -52,7 +52,11 @@ def wheel_fits(filename: str, arch: str) -> bool:
         if plat == "any":
             return True
         match = re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", plat)
-        if match and match.group(3) == arch and (int(match.group(1)), int(match.group(2))) <= (2, 39):
+        if (
+            match
+            and match.group(3) == arch
+            and (int(match.group(1)), int(match.group(2))) <= (2, 39)
+        ):
             return True
         match = re.fullmatch(r"manylinux(?:2014|2010|1)_(\w+)", plat)
         if match and match.group(1) == arch:
@@ -66,15 +70,32 @@ def lock(request, tmp_path_factory) -> tuple[str, dict]:
         pytest.skip("uv is not installed (pip install -e '.[test]')")
     arch = request.param
     tmp = tmp_path_factory.mktemp(f"closure-{arch}")
-    (tmp / "requirements.in").write_text(
-        "".join(f"{n}=={v}\n" for n, v in recipe_pins().items()))
+    (tmp / "requirements.in").write_text("".join(f"{n}=={v}\n" for n, v in recipe_pins().items()))
     out = tmp / "pylock.toml"
     done = subprocess.run(
-        [UV, "pip", "compile", str(tmp / "requirements.in"), "--no-config", "--quiet",
-         "--index-url", "https://pypi.org/simple", "--only-binary", ":all:",
-         "--python-platform", PLATFORMS[arch], "--python-version", PYTHON,
-         "--format", "pylock.toml", "-o", str(out)],
-        capture_output=True, text=True, timeout=600,
+        [
+            UV,
+            "pip",
+            "compile",
+            str(tmp / "requirements.in"),
+            "--no-config",
+            "--quiet",
+            "--index-url",
+            "https://pypi.org/simple",
+            "--only-binary",
+            ":all:",
+            "--python-platform",
+            PLATFORMS[arch],
+            "--python-version",
+            PYTHON,
+            "--format",
+            "pylock.toml",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
         # The system CA store: the machine may sit behind an intercepting proxy.
         env={**os.environ, "UV_SYSTEM_CERTS": "1"},
     )

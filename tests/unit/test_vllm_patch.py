@@ -62,8 +62,14 @@ def pyinfra(op: str, venv: Path, cwd: Path, *flags: str) -> subprocess.Completed
     workdir = [f"workdir={cwd / 'bin'}"] if op == "apply" else []
     (cwd / "bin").mkdir(exist_ok=True)
     return subprocess.run(
-        [PYINFRA, "@local", f"servefleet.operations.vllm_patch.{op}", f"venv={venv}", *workdir,
-         *flags],
+        [
+            PYINFRA,
+            "@local",
+            f"servefleet.operations.vllm_patch.{op}",
+            f"venv={venv}",
+            *workdir,
+            *flags,
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -125,8 +131,9 @@ def test_apply_patches_the_real_file(tmp_path, version):
     assert sha256(target) == recorded.patched_sha256
     assert sha256(target.with_name("qwen3_5.py.orig")) == recorded.pristine_sha256
     py_compile.compile(str(target), cfile=str(tmp_path / "q.pyc"), doraise=True)
-    patched, pristine = ast.parse(target.read_text()), ast.parse(
-        target.with_name("qwen3_5.py.orig").read_text()
+    patched, pristine = (
+        ast.parse(target.read_text()),
+        ast.parse(target.with_name("qwen3_5.py.orig").read_text()),
     )
     for class_name in GUARDED_CLASSES:
         guard = guard_in_init(patched, class_name)
@@ -243,9 +250,16 @@ def test_node_applier_writes_nothing_when_the_result_is_not_the_recorded_one(tmp
     before = target.read_bytes()
 
     done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / PATCH_ROOT / "apply_patch.py"), str(target),
-         str(recorded.patch_file), recorded.pristine_sha256, "0" * 64],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            str(REPO_ROOT / PATCH_ROOT / "apply_patch.py"),
+            str(target),
+            str(recorded.patch_file),
+            recorded.pristine_sha256,
+            "0" * 64,
+        ],
+        capture_output=True,
+        text=True,
     )
 
     assert done.returncode == 5, done.stderr

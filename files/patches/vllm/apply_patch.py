@@ -68,6 +68,7 @@ def read_regular(path):
     finally:
         os.close(fd)
 
+
 HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
@@ -155,15 +156,15 @@ def apply(target, patch_path, pristine, patched):
         return 3
     original, st = found
     if sha256(original) != pristine:
-        print(f"{target}: sha256 {sha256(original)} is not the pristine {pristine}",
-              file=sys.stderr)
+        print(
+            f"{target}: sha256 {sha256(original)} is not the pristine {pristine}", file=sys.stderr
+        )
         return 3
 
     backup = target + ".orig"
     kept = read_regular(backup)
     if kept is not None and sha256(kept[0]) != pristine:
-        print(f"{backup}: sha256 {sha256(kept[0])} is not the pristine {pristine}",
-              file=sys.stderr)
+        print(f"{backup}: sha256 {sha256(kept[0])} is not the pristine {pristine}", file=sys.stderr)
         return 4
 
     patch = read_regular(patch_path)

@@ -107,16 +107,19 @@ def _checkpoint_file(real_dir: Path, roots, rel: str, where) -> Path | None:
     out of the checkpoint."""
     path = resolve_inside(real_dir, rel, roots)
     if path is None:
-        raise CheckpointError(f"{where}: {show(rel)} is a symlink leading out of the checkpoint "
-                              f"directory {real_dir}")
+        raise CheckpointError(
+            f"{where}: {show(rel)} is a symlink leading out of the checkpoint directory {real_dir}"
+        )
     return path if os.path.lexists(path) else None
 
 
 def _safetensors_header_names(path: Path, where=None) -> list[str]:
     """Tensor names from a .safetensors header (8-byte little-endian length, then JSON)."""
     where = where or path
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-                 | getattr(os, "O_NOFOLLOW", 0))
+    fd = os.open(
+        path,
+        os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0),
+    )
     with open(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -126,9 +129,11 @@ def _safetensors_header_names(path: Path, where=None) -> list[str]:
             raise CheckpointError(f"{where}: truncated: {len(head)} bytes, no safetensors header")
         (length,) = struct.unpack("<Q", head)
         if length > min(MAX_SAFETENSORS_HEADER_BYTES, st.st_size - 8):
-            raise CheckpointError(f"{where}: safetensors header length {length}: more than the "
-                                  f"{min(MAX_SAFETENSORS_HEADER_BYTES, st.st_size - 8)} bytes "
-                                  f"it can be")
+            raise CheckpointError(
+                f"{where}: safetensors header length {length}: more than the "
+                f"{min(MAX_SAFETENSORS_HEADER_BYTES, st.st_size - 8)} bytes "
+                f"it can be"
+            )
         data = f.read(length)
     header = parse_json_object(data, f"{where} header")
     names = []
@@ -136,8 +141,10 @@ def _safetensors_header_names(path: Path, where=None) -> list[str]:
         if name == "__metadata__":
             continue
         if not isinstance(entry, dict):
-            raise CheckpointError(f"{where} header: tensor {show(name)} is a JSON "
-                                  f"{json_type(entry)}: expected an object")
+            raise CheckpointError(
+                f"{where} header: tensor {show(name)} is a JSON "
+                f"{json_type(entry)}: expected an object"
+            )
         names.append(name)
     return names
 
@@ -149,13 +156,16 @@ def builds_vision_tower(config: dict) -> bool:
     a *ForCausalLM class of the same family does not.
     """
     archs = config.get("architectures") or []
-    return bool(config.get("vision_config")) and any(a.endswith("ForConditionalGeneration") for a in archs)
+    return bool(config.get("vision_config")) and any(
+        a.endswith("ForConditionalGeneration") for a in archs
+    )
 
 
 def _optional(mapping: dict, key: str, types, what: str, where, prefix: str = ""):
     value = mapping.get(key)
-    if value is not None and (not isinstance(value, types) or
-                              (isinstance(value, bool) and bool not in types)):
+    if value is not None and (
+        not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+    ):
         raise CheckpointError(f"{where}: {prefix}{key} = {show(value)}: expected {what}")
     return value
 
@@ -170,11 +180,13 @@ def check_config(config: dict, where) -> dict:
     _optional(config, "vision_config", dict, "an object", where)
     prefix = "text_config." if text is not config else ""
     for mapping, pre in ((text, prefix), (config, "")):
-        value = _optional(mapping, "mtp_num_hidden_layers", int, "a non-negative integer", where,
-                          pre)
+        value = _optional(
+            mapping, "mtp_num_hidden_layers", int, "a non-negative integer", where, pre
+        )
         if value is not None and value < 0:
-            raise CheckpointError(f"{where}: {pre}mtp_num_hidden_layers = {value}: expected a "
-                                  f"non-negative integer")
+            raise CheckpointError(
+                f"{where}: {pre}mtp_num_hidden_layers = {value}: expected a non-negative integer"
+            )
     return text
 
 
@@ -183,20 +195,24 @@ def _read_index(path: Path, where) -> tuple[list[str], list[str], int | None]:
     index = read_json_object(path, MAX_INDEX_BYTES, follow_symlinks=False)
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict):
-        raise CheckpointError(f"{where}: weight_map is "
-                              + ("missing" if weight_map is None else f"a JSON {json_type(weight_map)}")
-                              + ": expected an object of tensor name -> shard file")
+        raise CheckpointError(
+            f"{where}: weight_map is "
+            + ("missing" if weight_map is None else f"a JSON {json_type(weight_map)}")
+            + ": expected an object of tensor name -> shard file"
+        )
     if not weight_map:
         raise CheckpointError(f"{where}: weight_map is empty: no tensors")
     shards = {check_shard_name(v, k, where) for k, v in weight_map.items()}
     metadata = index.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        raise CheckpointError(f"{where}: metadata is a JSON {json_type(metadata)}: expected an "
-                              f"object")
+        raise CheckpointError(
+            f"{where}: metadata is a JSON {json_type(metadata)}: expected an object"
+        )
     total = (metadata or {}).get("total_size")
     if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 0):
-        raise CheckpointError(f"{where}: metadata.total_size = {show(total)}: expected a "
-                              f"non-negative integer")
+        raise CheckpointError(
+            f"{where}: metadata.total_size = {show(total)}: expected a non-negative integer"
+        )
     return list(weight_map), sorted(shards), total
 
 
@@ -213,8 +229,9 @@ def lint_checkpoint(directory: str | Path) -> CheckpointLint:
     if config_path is None:
         raise FileNotFoundError(f"{directory}: no config.json")
     config_where = directory / "config.json"
-    config = parse_json_object(read_regular(config_path, MAX_CONFIG_BYTES, follow_symlinks=False),
-                               config_where)
+    config = parse_json_object(
+        read_regular(config_path, MAX_CONFIG_BYTES, follow_symlinks=False), config_where
+    )
     text = check_config(config, config_where)
 
     index_path = _checkpoint_file(real_dir, roots, INDEX_FILE, directory)
@@ -241,9 +258,14 @@ def lint_checkpoint(directory: str | Path) -> CheckpointLint:
         total, source = sum(sizes.values()), "shard_files"
     else:
         total, source = (index_total, "index_metadata") if index_total is not None else (None, None)
-        findings.append(Finding(MISSING_SHARDS, f"{len(missing)} of {len(shard_files)} shard files listed in "
-                                f"the index are not in the directory: {', '.join(missing[:3])}"
-                                + (" ..." if len(missing) > 3 else "")))
+        findings.append(
+            Finding(
+                MISSING_SHARDS,
+                f"{len(missing)} of {len(shard_files)} shard files listed in "
+                f"the index are not in the directory: {', '.join(missing[:3])}"
+                + (" ..." if len(missing) > 3 else ""),
+            )
+        )
 
     mtp_layers = text.get("mtp_num_hidden_layers", config.get("mtp_num_hidden_layers"))
     lint = CheckpointLint(
@@ -259,16 +281,26 @@ def lint_checkpoint(directory: str | Path) -> CheckpointLint:
         findings=findings,
     )
     if (lint.mtp_num_hidden_layers or 0) > 0 and lint.mtp_tensors == 0:
-        findings.append(Finding(MTP_WITHOUT_TENSORS,
-                                "config declares MTP but the checkpoint has no MTP tensors: no speculative decoding"))
+        findings.append(
+            Finding(
+                MTP_WITHOUT_TENSORS,
+                "config declares MTP but the checkpoint has no MTP tensors: no speculative decoding",
+            )
+        )
     if lint.needs_language_model_only:
-        findings.append(Finding(VISION_WITHOUT_WEIGHTS,
-                                "architecture builds a vision tower, checkpoint has no visual weights: "
-                                "needs language-model-only serving (and the vLLM patch)"))
+        findings.append(
+            Finding(
+                VISION_WITHOUT_WEIGHTS,
+                "architecture builds a vision tower, checkpoint has no visual weights: "
+                "needs language-model-only serving (and the vLLM patch)",
+            )
+        )
     return lint
 
 
-def check_recipe(lint: CheckpointLint, language_model_only: bool, *, mtp_speculative: bool = False) -> list[str]:
+def check_recipe(
+    lint: CheckpointLint, language_model_only: bool, *, mtp_speculative: bool = False
+) -> list[str]:
     """Errors that would stop a serving recipe from loading this checkpoint; [] when it would load.
 
     language_model_only: the recipe serves without the vision tower (vLLM --language-model-only).
@@ -276,8 +308,12 @@ def check_recipe(lint: CheckpointLint, language_model_only: bool, *, mtp_specula
     """
     errors = []
     if lint.needs_language_model_only and not language_model_only:
-        errors.append(f"{lint.architecture} builds a vision tower but the checkpoint has no visual weights: "
-                      "the recipe must serve language-model-only")
+        errors.append(
+            f"{lint.architecture} builds a vision tower but the checkpoint has no visual weights: "
+            "the recipe must serve language-model-only"
+        )
     if mtp_speculative and not lint.has_mtp:
-        errors.append("the recipe uses MTP speculative decoding but the checkpoint has no mtp.* tensors")
+        errors.append(
+            "the recipe uses MTP speculative decoding but the checkpoint has no mtp.* tensors"
+        )
     return errors

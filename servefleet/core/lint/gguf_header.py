@@ -35,12 +35,28 @@ MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset (no n
 MIN_KV_BYTES = 8 + 4 + 1  # key length, type, the smallest value
 
 _SCALAR_BYTES = {
-    GGUFValueType.UINT8: 1, GGUFValueType.INT8: 1, GGUFValueType.UINT16: 2, GGUFValueType.INT16: 2,
-    GGUFValueType.UINT32: 4, GGUFValueType.INT32: 4, GGUFValueType.FLOAT32: 4, GGUFValueType.BOOL: 1,
-    GGUFValueType.UINT64: 8, GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8,
+    GGUFValueType.UINT8: 1,
+    GGUFValueType.INT8: 1,
+    GGUFValueType.UINT16: 2,
+    GGUFValueType.INT16: 2,
+    GGUFValueType.UINT32: 4,
+    GGUFValueType.INT32: 4,
+    GGUFValueType.FLOAT32: 4,
+    GGUFValueType.BOOL: 1,
+    GGUFValueType.UINT64: 8,
+    GGUFValueType.INT64: 8,
+    GGUFValueType.FLOAT64: 8,
 }
-INT_TYPES = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
-              GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64}
+INT_TYPES = {
+    GGUFValueType.UINT8,
+    GGUFValueType.INT8,
+    GGUFValueType.UINT16,
+    GGUFValueType.INT16,
+    GGUFValueType.UINT32,
+    GGUFValueType.INT32,
+    GGUFValueType.UINT64,
+    GGUFValueType.INT64,
+}
 _TYPE_NAMES = {int(t): t.name.lower() for t in GGUFValueType}
 
 
@@ -73,8 +89,10 @@ class _Header:
 
     def take(self, n: int, what: str) -> int:
         if n > self.size - self.pos:
-            self.fail(f"{what} at byte {self.pos} needs {n} bytes, only {self.size - self.pos} are "
-                      f"left in the file ({self.size} bytes): truncated or corrupt")
+            self.fail(
+                f"{what} at byte {self.pos} needs {n} bytes, only {self.size - self.pos} are "
+                f"left in the file ({self.size} bytes): truncated or corrupt"
+            )
         at, self.pos = self.pos, self.pos + n
         return at
 
@@ -90,7 +108,7 @@ class _Header:
         if length > limit:
             self.fail(f"{what} is {length} bytes long: more than the {limit} allowed")
         at = self.take(length, f"{what} ({length} bytes)")
-        return bytes(self.buf[at:at + length]) if length <= 1 << 16 else None
+        return bytes(self.buf[at : at + length]) if length <= 1 << 16 else None
 
     def value(self, key: str, vtype: int) -> object:
         """Skip one value of type vtype; return it when it is a scalar or a short string."""
@@ -105,12 +123,16 @@ class _Header:
             count = self.u64(f"the length of array {key}")
             item_bytes = _SCALAR_BYTES.get(GGUFValueType(itype), 8)  # a string is >= 8 bytes
             if count > (self.size - self.pos) // item_bytes:
-                self.fail(f"array {key} claims {count} items of {_TYPE_NAMES[itype]}: more than "
-                          f"the {self.size - self.pos} bytes left in the file can hold")
+                self.fail(
+                    f"array {key} claims {count} items of {_TYPE_NAMES[itype]}: more than "
+                    f"the {self.size - self.pos} bytes left in the file can hold"
+                )
             self.array_items += count
             if self.array_items > MAX_ARRAY_ITEMS:
-                self.fail(f"array {key} ({count} items) brings the arrays to {self.array_items} "
-                          f"items: more than the {MAX_ARRAY_ITEMS} allowed")
+                self.fail(
+                    f"array {key} ({count} items) brings the arrays to {self.array_items} "
+                    f"items: more than the {MAX_ARRAY_ITEMS} allowed"
+                )
             if itype == GGUFValueType.STRING:
                 for i in range(count):
                     self.string(f"item {i} of array {key}", MAX_STRING_BYTES)
@@ -121,10 +143,19 @@ class _Header:
         if size is None:
             self.fail(f"{key} has unknown value type {vtype}")
         at = self.take(size, f"the value of {key}")
-        fmt = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
-               GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
-               GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<B", GGUFValueType.UINT64: "<Q",
-               GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d"}[GGUFValueType(vtype)]
+        fmt = {
+            GGUFValueType.UINT8: "<B",
+            GGUFValueType.INT8: "<b",
+            GGUFValueType.UINT16: "<H",
+            GGUFValueType.INT16: "<h",
+            GGUFValueType.UINT32: "<I",
+            GGUFValueType.INT32: "<i",
+            GGUFValueType.FLOAT32: "<f",
+            GGUFValueType.BOOL: "<B",
+            GGUFValueType.UINT64: "<Q",
+            GGUFValueType.INT64: "<q",
+            GGUFValueType.FLOAT64: "<d",
+        }[GGUFValueType(vtype)]
         return struct.unpack_from(fmt, self.buf, at)[0]
 
 
@@ -144,7 +175,7 @@ def check_header(path: str | Path) -> None:
     path = Path(path)
     fd, size = _open_regular(path)
     try:
-        if os.pread(fd, 4, 0) != b"GGUF"[:min(size, 4)] or not size:
+        if os.pread(fd, 4, 0) != b"GGUF"[: min(size, 4)] or not size:
             raise GgufError(f"{path}: not a GGUF file (no GGUF magic)")
         if size < HEADER_BYTES:
             raise GgufError(f"{path}: truncated: {size} bytes, a GGUF header needs {HEADER_BYTES}")
@@ -166,11 +197,15 @@ def _check_mapped(h: _Header) -> None:
     tensor_count, kv_count = h.u64("tensor_count"), h.u64("kv_count")
     room = h.size - HEADER_BYTES
     if kv_count > MAX_KV_COUNT or kv_count * MIN_KV_BYTES > room:
-        h.fail(f"kv_count {kv_count}: a {h.size}-byte file holds at most "
-               f"{min(MAX_KV_COUNT, room // MIN_KV_BYTES)} metadata keys")
+        h.fail(
+            f"kv_count {kv_count}: a {h.size}-byte file holds at most "
+            f"{min(MAX_KV_COUNT, room // MIN_KV_BYTES)} metadata keys"
+        )
     if tensor_count > MAX_TENSOR_COUNT or tensor_count * MIN_TENSOR_INFO_BYTES > room:
-        h.fail(f"tensor_count {tensor_count}: a {h.size}-byte file holds at most "
-               f"{min(MAX_TENSOR_COUNT, room // MIN_TENSOR_INFO_BYTES)} tensors")
+        h.fail(
+            f"tensor_count {tensor_count}: a {h.size}-byte file holds at most "
+            f"{min(MAX_TENSOR_COUNT, room // MIN_TENSOR_INFO_BYTES)} tensors"
+        )
 
     values: dict[str, tuple[int, object]] = {}
     for i in range(kv_count):
@@ -199,8 +234,10 @@ def _check_mapped(h: _Header) -> None:
     for i in range(tensor_count):
         raw_name = h.string(f"the name of tensor {i}", 1 << 16)
         if len(raw_name) > MAX_TENSOR_NAME_BYTES:
-            h.fail(f"tensor {i} name {show_raw(raw_name)} is {len(raw_name)} bytes: llama.cpp allows "
-                   f"{MAX_TENSOR_NAME_BYTES}")
+            h.fail(
+                f"tensor {i} name {show_raw(raw_name)} is {len(raw_name)} bytes: llama.cpp allows "
+                f"{MAX_TENSOR_NAME_BYTES}"
+            )
         try:
             name = raw_name.decode("utf-8")
         except UnicodeDecodeError:
@@ -221,15 +258,21 @@ def _check_mapped(h: _Header) -> None:
             n_elements *= d
         block, type_size = GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
         if n_elements >= 1 << 63 or (dims and dims[0] % block):
-            h.fail(f"tensor {show_raw(name)} has dimensions {dims}: not a valid "
-                   f"{gguf.GGMLQuantizationType(ggml_type).name} shape")
+            h.fail(
+                f"tensor {show_raw(name)} has dimensions {dims}: not a valid "
+                f"{gguf.GGMLQuantizationType(ggml_type).name} shape"
+            )
         if offset % alignment:
-            h.fail(f"tensor {show_raw(name)} data offset {offset} is not a multiple of the alignment "
-                   f"{alignment}")
+            h.fail(
+                f"tensor {show_raw(name)} data offset {offset} is not a multiple of the alignment "
+                f"{alignment}"
+            )
         tensors.append((name, offset, n_elements // block * type_size))
 
     data_start = h.pos + (-h.pos % alignment)
     for name, offset, n_bytes in tensors:
         if data_start + offset + n_bytes > h.size:
-            h.fail(f"tensor {show_raw(name)} ({n_bytes} bytes at data offset {offset}) runs past the "
-                   f"end of the file ({h.size} bytes): truncated or corrupt")
+            h.fail(
+                f"tensor {show_raw(name)} ({n_bytes} bytes at data offset {offset}) runs past the "
+                f"end of the file ({h.size} bytes): truncated or corrupt"
+            )

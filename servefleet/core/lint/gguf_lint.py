@@ -31,7 +31,13 @@ import gguf
 from gguf.constants import GGUFValueType
 
 try:  # in the servefleet package
-    from servefleet.core.lint.gguf_header import INT_TYPES, GgufError, check_header, one_line, show_raw
+    from servefleet.core.lint.gguf_header import (
+        INT_TYPES,
+        GgufError,
+        check_header,
+        one_line,
+        show_raw,
+    )
 except ModuleNotFoundError:  # uploaded to a node: bin/gguf_header.py lies beside this
     # (run with python -I, which leaves the script's own directory off sys.path; bin/ is root's)
     sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
@@ -51,6 +57,7 @@ _SPLIT = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$",
 # prefix: no separators, no spaces, nothing a flag could be split on.
 _ARCH = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
+
 def _reader(path: Path) -> gguf.GGUFReader:
     """gguf.GGUFReader on a file whose header check_header() has vouched for."""
     check_header(path)
@@ -58,10 +65,18 @@ def _reader(path: Path) -> gguf.GGUFReader:
         return gguf.GGUFReader(path)
     except OSError as exc:
         raise GgufError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    except (ValueError, KeyError, IndexError, TypeError, OverflowError, MemoryError,
-            RecursionError) as exc:
-        raise GgufError(f"{path}: unreadable GGUF ({type(exc).__name__}: {one_line(str(exc), 200)})") \
-            from None
+    except (
+        ValueError,
+        KeyError,
+        IndexError,
+        TypeError,
+        OverflowError,
+        MemoryError,
+        RecursionError,
+    ) as exc:
+        raise GgufError(
+            f"{path}: unreadable GGUF ({type(exc).__name__}: {one_line(str(exc), 200)})"
+        ) from None
 
 
 @dataclass
@@ -90,8 +105,9 @@ def _int_value(path: Path, reader: gguf.GGUFReader, key: str) -> int | None:
     if f is None:
         return None
     if len(types) != 1 or types[0] not in INT_TYPES:
-        raise GgufError(f"{path}: {key} is {'/'.join(t.name.lower() for t in types)}: "
-                        f"expected an integer")
+        raise GgufError(
+            f"{path}: {key} is {'/'.join(t.name.lower() for t in types)}: expected an integer"
+        )
     value = int(f.contents())
     if value < 0:
         raise GgufError(f"{path}: {key} = {value}: expected a non-negative integer")
@@ -104,13 +120,16 @@ def _architecture(path: Path, reader: gguf.GGUFReader) -> str:
     if f is None:
         raise GgufError(f"{path}: no {key} key: not a model GGUF")
     if types != [GGUFValueType.STRING]:
-        raise GgufError(f"{path}: {key} is {'/'.join(t.name.lower() for t in types)}: "
-                        f"expected a string")
+        raise GgufError(
+            f"{path}: {key} is {'/'.join(t.name.lower() for t in types)}: expected a string"
+        )
     raw = f.parts[-1].tobytes()
     arch = raw.decode("utf-8", "replace")
     if not _ARCH.fullmatch(arch):
-        raise GgufError(f"{path}: {key} = {show_raw(arch)}: expected an architecture name "
-                        f"(letters, digits, _ -, at most 64)")
+        raise GgufError(
+            f"{path}: {key} = {show_raw(arch)}: expected an architecture name "
+            f"(letters, digits, _ -, at most 64)"
+        )
     return arch
 
 
@@ -129,8 +148,10 @@ def _shard(named: Path, shard: Path) -> Path:
     symlink that leads out of the model's directory (the lint would read what lies there)."""
     real = Path(os.path.realpath(shard))
     if not any(root in real.parents for root in _model_roots(named)):
-        raise GgufError(f"{shard}: a symlink leading out of the model's directory "
-                        f"{named.parent} (to {one_line(str(real), 200)}): refused")
+        raise GgufError(
+            f"{shard}: a symlink leading out of the model's directory "
+            f"{named.parent} (to {one_line(str(real), 200)}): refused"
+        )
     return real
 
 
@@ -141,14 +162,18 @@ def _split_paths(path: Path, reader: gguf.GGUFReader) -> list[Path]:
     if not count or count <= 1 or not match:
         return [path]
     if count != int(match.group("count")):
-        raise GgufError(f"{path}: {gguf.Keys.Split.LLM_KV_SPLIT_COUNT} = {count} but the file "
-                        f"name says {int(match.group('count'))} shards")
+        raise GgufError(
+            f"{path}: {gguf.Keys.Split.LLM_KV_SPLIT_COUNT} = {count} but the file "
+            f"name says {int(match.group('count'))} shards"
+        )
     prefix = match.group("prefix")
     shards = [path.with_name(f"{prefix}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
     missing = [str(p) for p in shards if not p.exists() and not p.is_symlink()]
     if missing:
-        raise FileNotFoundError(f"split GGUF is incomplete, missing: {', '.join(missing[:3])}"
-                                + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
+        raise FileNotFoundError(
+            f"split GGUF is incomplete, missing: {', '.join(missing[:3])}"
+            + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        )
     return shards
 
 
@@ -156,8 +181,9 @@ def _tensor_names(path: Path, reader: gguf.GGUFReader) -> list[str]:
     """Tensor names of a GGUF (all shards of a split GGUF), in file order."""
     names: list[str] = []
     for shard in _split_paths(path, reader):
-        names.extend(t.name for t in (reader if shard == path else _reader(_shard(path, shard)))
-                     .tensors)
+        names.extend(
+            t.name for t in (reader if shard == path else _reader(_shard(path, shard))).tensors
+        )
     return names
 
 
@@ -179,12 +205,15 @@ def lint_gguf(path: str | Path) -> GgufLint:
     nextn_key = gguf.Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch)
     nextn = _int_value(path, reader, nextn_key)
 
-    blocks = [(int(m.group(1)), name) for name in _tensor_names(path, reader)
-              if (m := _BLK.match(name))]
+    blocks = [
+        (int(m.group(1)), name) for name in _tensor_names(path, reader) if (m := _BLK.match(name))
+    ]
     highest, name = max(blocks) if blocks else (None, None)
     if highest is not None and highest > MAX_BLOCK_INDEX:
-        raise GgufError(f"{path}: tensor {show_raw(name)} names block {show_raw(str(highest), 24)}:"
-                        f" more than the {MAX_BLOCK_INDEX + 1} blocks any model has")
+        raise GgufError(
+            f"{path}: tensor {show_raw(name)} names block {show_raw(str(highest), 24)}:"
+            f" more than the {MAX_BLOCK_INDEX + 1} blocks any model has"
+        )
 
     lint = GgufLint(
         arch=arch,
@@ -222,9 +251,13 @@ def override_kv_flag(lint: GgufLint | dict) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Lint a GGUF's block_count against its blk.N tensors.")
+    parser = argparse.ArgumentParser(
+        description="Lint a GGUF's block_count against its blk.N tensors."
+    )
     parser.add_argument("path", help="a .gguf file (the first shard of a split GGUF)")
-    parser.add_argument("--flag", action="store_true", help="print only the --override-kv value (empty when none)")
+    parser.add_argument(
+        "--flag", action="store_true", help="print only the --override-kv value (empty when none)"
+    )
     args = parser.parse_args(argv)
     try:
         lint = lint_gguf(args.path)

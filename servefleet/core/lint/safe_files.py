@@ -39,11 +39,18 @@ def json_type(value) -> str:
     """The JSON name of a parsed value's type."""
     if isinstance(value, bool):
         return "boolean"
-    return {dict: "object", list: "array", str: "string", int: "integer", float: "number",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        int: "integer",
+        float: "number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 # --- files: regular, bounded, inside the checkpoint --------------------------------------------
+
 
 def read_regular(path: Path, max_bytes: int, *, follow_symlinks: bool = True) -> bytes:
     """The bytes of a regular file of at most max_bytes. Opened without blocking (a FIFO would
@@ -57,8 +64,9 @@ def read_regular(path: Path, max_bytes: int, *, follow_symlinks: bool = True) ->
         if not stat.S_ISREG(st.st_mode):
             raise CheckpointError(f"{path}: not a regular file")
         if st.st_size > max_bytes:
-            raise CheckpointError(f"{path}: {st.st_size} bytes: larger than the {max_bytes} such "
-                                  f"a file may be")
+            raise CheckpointError(
+                f"{path}: {st.st_size} bytes: larger than the {max_bytes} such a file may be"
+            )
         chunks, left = [], max_bytes + 1
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 20))
@@ -111,23 +119,31 @@ def parse_json_object(data: bytes, where) -> dict:
     except UnicodeDecodeError as exc:
         raise CheckpointError(f"{where}: not UTF-8 (byte {exc.start})") from None
     try:
-        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant,
-                           parse_float=_float, parse_int=_int)
+        value = json.loads(
+            text,
+            object_pairs_hook=_pairs,
+            parse_constant=_constant,
+            parse_float=_float,
+            parse_int=_int,
+        )
     except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: "
-                              f"{exc.msg}") from None
+        raise CheckpointError(
+            f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
     except _JsonRefused as exc:
         raise CheckpointError(f"{where}: invalid JSON: {exc}") from None
     except RecursionError:
         raise CheckpointError(f"{where}: invalid JSON: nested too deeply") from None
     if not isinstance(value, dict):
-        raise CheckpointError(f"{where}: the top level is a JSON {json_type(value)}: expected an "
-                              f"object")
+        raise CheckpointError(
+            f"{where}: the top level is a JSON {json_type(value)}: expected an object"
+        )
     return value
 
 
-def read_json_object(path: Path, max_bytes: int = MAX_CONFIG_BYTES, *,
-                     follow_symlinks: bool = True) -> dict:
+def read_json_object(
+    path: Path, max_bytes: int = MAX_CONFIG_BYTES, *, follow_symlinks: bool = True
+) -> dict:
     """A JSON file holding one object, read strictly (see parse_json_object)."""
     return parse_json_object(read_regular(path, max_bytes, follow_symlinks=follow_symlinks), path)
 
@@ -183,8 +199,10 @@ def resolve_inside(real_dir: Path, rel: str, roots: tuple[Path, ...]) -> Path | 
         if stat.S_ISLNK(st.st_mode):
             hops += 1
             if hops > MAX_SYMLINK_HOPS:
-                raise CheckpointError(f"{real_dir}: {show(rel)}: more than {MAX_SYMLINK_HOPS} "
-                                      f"symlinks to follow (a loop)")
+                raise CheckpointError(
+                    f"{real_dir}: {show(rel)}: more than {MAX_SYMLINK_HOPS} "
+                    f"symlinks to follow (a loop)"
+                )
             pending = list(PurePosixPath(os.readlink(nxt)).parts) + pending
             continue
         current = nxt

@@ -12,11 +12,17 @@ from servefleet_dev.testbed import gpunode
 HERE = os.environ.get("SERVEFLEET_GPUNODE_DIR", "/gpunode")
 REHEARSAL = {
     "require_gpu": False,
-    "llamacpp_cmake_flags": {"GGML_CUDA": "OFF", "GGML_NATIVE": "OFF",
-                             "LLAMA_USE_PREBUILT_UI": "OFF", "LLAMA_BUILD_UI": "OFF",
-                             "BUILD_SHARED_LIBS": "OFF", "LLAMA_BUILD_TESTS": "OFF",
-                             "LLAMA_BUILD_EXAMPLES": "OFF", "LLAMA_OPENSSL": "OFF",
-                             "CMAKE_BUILD_TYPE": "Release"},
+    "llamacpp_cmake_flags": {
+        "GGML_CUDA": "OFF",
+        "GGML_NATIVE": "OFF",
+        "LLAMA_USE_PREBUILT_UI": "OFF",
+        "LLAMA_BUILD_UI": "OFF",
+        "BUILD_SHARED_LIBS": "OFF",
+        "LLAMA_BUILD_TESTS": "OFF",
+        "LLAMA_BUILD_EXAMPLES": "OFF",
+        "LLAMA_OPENSSL": "OFF",
+        "CMAKE_BUILD_TYPE": "Release",
+    },
     "llamacpp_ccache_dir": "/var/cache/servefleet/ccache",
     "llamacpp_server_args": ["--threads", "1"],
     "perf_gate_decode_drop_pct": 20,
@@ -36,8 +42,13 @@ def _hosts():
     }
     if os.environ.get("SERVEFLEET_GPUNODE_REHEARSAL") == "1":
         data.update(REHEARSAL)
-    validate_hosts([InventoryHost(gpunode.NODE, ["rtx4090", gpunode.GROUP], data,
-                                  "tests/device/gpunode/h200_gpu.py")])
+    validate_hosts(
+        [
+            InventoryHost(
+                gpunode.NODE, ["rtx4090", gpunode.GROUP], data, "tests/device/gpunode/h200_gpu.py"
+            )
+        ]
+    )
     return [(gpunode.NODE, data)]
 
 

@@ -43,10 +43,27 @@ BROKEN_GROUPS = ("nvidia-frontend", "nvidia-uvm", "nvidia-caps")
 def node(cmd: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """A root shell command on the node, over SSH with its pinned key."""
     return subprocess.run(
-        ["ssh", "-i", f"{HERE}/ssh/id_ed25519", "-p", str(gpunode.SSH_PORT),
-         "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={HERE}/ssh/known_hosts",
-         "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "root@127.0.0.1", cmd],
-        capture_output=True, text=True, timeout=timeout)
+        [
+            "ssh",
+            "-i",
+            f"{HERE}/ssh/id_ed25519",
+            "-p",
+            str(gpunode.SSH_PORT),
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={HERE}/ssh/known_hosts",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+            "root@127.0.0.1",
+            cmd,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def out(cmd: str) -> str:
@@ -55,26 +72,40 @@ def out(cmd: str) -> str:
 
 
 def servefleet(*args: str, timeout: float = 580) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "servefleet.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "160"})
+    return subprocess.run(
+        [sys.executable, "-m", "servefleet.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "160"},
+    )
 
 
 def serving() -> dict:
     """What a user checks on a serving node: the unit's state and sandbox, the server's
     process, /health, one chat, where llama-server put the layers."""
-    show = out(f"systemctl show {UNIT} -p ActiveState -p SubState -p MainPID -p DevicePolicy "
-               "-p DeviceAllow -p User -p MemoryDenyWriteExecute -p NRestarts")
+    show = out(
+        f"systemctl show {UNIT} -p ActiveState -p SubState -p MainPID -p DevicePolicy "
+        "-p DeviceAllow -p User -p MemoryDenyWriteExecute -p NRestarts"
+    )
     port = 8080
     health = out(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/health")
-    chat = out(f"curl -s http://127.0.0.1:{port}/v1/chat/completions -H 'Content-Type: "
-               "application/json' -d '{\"model\": \"tiny-qwen35moe\", \"max_tokens\": 8, "
-               "\"messages\": [{\"role\": \"user\", \"content\": \"hello\"}]}'")
-    journal = out(f"journalctl -u {UNIT} -b -o cat --no-pager | grep -E "
-                  "'offload|CUDA|assigned to device|device_info|model buffer|"
-                  "servefleet preflight|override|nvidia-modprobe' | tail -n 40")
-    apps = out("nvidia-smi --query-compute-apps=pid,process_name,used_memory "
-               "--format=csv,noheader") if GPU else ""
+    chat = out(
+        f"curl -s http://127.0.0.1:{port}/v1/chat/completions -H 'Content-Type: "
+        'application/json\' -d \'{"model": "tiny-qwen35moe", "max_tokens": 8, '
+        '"messages": [{"role": "user", "content": "hello"}]}\''
+    )
+    journal = out(
+        f"journalctl -u {UNIT} -b -o cat --no-pager | grep -E "
+        "'offload|CUDA|assigned to device|device_info|model buffer|"
+        "servefleet preflight|override|nvidia-modprobe' | tail -n 40"
+    )
+    apps = (
+        out("nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader")
+        if GPU
+        else ""
+    )
     args = out("ps -o user:32=,args= -C llama-server")
     try:
         reply = json.loads(chat)["choices"][0]["message"]["role"]
@@ -85,10 +116,16 @@ def serving() -> dict:
         if "=" in line:
             key, value = line.split("=", 1)
             shown[key] = f"{shown[key]}, {value}" if key in shown else value
-    return {"systemctl_show": shown, "gpu_apps": apps,
-            "health": health, "chat_role": reply, "chat": chat[:600],
-            "process": args, "journal": journal.splitlines(),
-            "offloaded": re.findall(r"offloaded \d+/\d+ layers to GPU", journal)}
+    return {
+        "systemctl_show": shown,
+        "gpu_apps": apps,
+        "health": health,
+        "chat_role": reply,
+        "chat": chat[:600],
+        "process": args,
+        "journal": journal.splitlines(),
+        "offloaded": re.findall(r"offloaded \d+/\d+ layers to GPU", journal),
+    }
 
 
 def releases() -> dict:
@@ -97,20 +134,36 @@ def releases() -> dict:
         doc = json.loads(text)
     except ValueError:
         return {"unreadable": text[:300]}
+
     def brief(r):
-        return r and {k: r.get(k) for k in ("engine", "version", "prefix", "model_dir", "recorded_at", "perf", "probe_argv")} | \
-            {"id_of_unit": re.findall(r" -c (\d+)", r.get("unit_text", ""))}
-    return {"current": brief(doc.get("current")),
-            "previous": [brief(r) for r in doc.get("previous") or []],
-            "rolled_back_from": brief(doc.get("rolled_back_from"))}
+        return r and {
+            k: r.get(k)
+            for k in (
+                "engine",
+                "version",
+                "prefix",
+                "model_dir",
+                "recorded_at",
+                "perf",
+                "probe_argv",
+            )
+        } | {"id_of_unit": re.findall(r" -c (\d+)", r.get("unit_text", ""))}
+
+    return {
+        "current": brief(doc.get("current")),
+        "previous": [brief(r) for r in doc.get("previous") or []],
+        "rolled_back_from": brief(doc.get("rolled_back_from")),
+    }
 
 
 def probe_journal() -> list[str]:
     """The probe's transient unit and the service's starts, in time order (the probe must come
     first: it runs before a restart)."""
-    return out(f"journalctl -b -o short-iso-precise --no-pager -u {UNIT.removesuffix('.service')}"
-               f"-probe.service -u {UNIT} | grep -E 'Started|Stopped|Starting|GPU |lists no' "
-               "| tail -n 30").splitlines()
+    return out(
+        f"journalctl -b -o short-iso-precise --no-pager -u {UNIT.removesuffix('.service')}"
+        f"-probe.service -u {UNIT} | grep -E 'Started|Stopped|Starting|GPU |lists no' "
+        "| tail -n 30"
+    ).splitlines()
 
 
 def write(step: str, doc: dict, log: str) -> bool:
@@ -125,31 +178,56 @@ def healthy(s: dict) -> bool:
     # b9785 prints no "offloaded N/N layers" at its default verbosity: the server's own
     # process holding GPU memory (nvidia-smi's compute apps) is what shows the weights there.
     pid = s["systemctl_show"].get("MainPID")
-    offloaded = (not GPU) or any(line.split(",")[0].strip() == pid
-                                 and "llama-server" in line for line in s["gpu_apps"].splitlines())
-    return (s["systemctl_show"].get("ActiveState") == "active" and s["health"] == "200"
-            and s["chat_role"] == "assistant" and offloaded)
+    offloaded = (not GPU) or any(
+        line.split(",")[0].strip() == pid and "llama-server" in line
+        for line in s["gpu_apps"].splitlines()
+    )
+    return (
+        s["systemctl_show"].get("ActiveState") == "active"
+        and s["health"] == "200"
+        and s["chat_role"] == "assistant"
+        and offloaded
+    )
 
 
 def step_converge() -> bool:
     t0 = time.monotonic()
     run = pyinfra(INVENTORY, DEPLOY, timeout=1500)
     s = serving()
-    checks = {"rc": run.returncode, "changed": run.changed, "healthy": healthy(s),
-              "device_policy": s["systemctl_show"].get("DevicePolicy"),
-              "override_kv": "--override-kv" in s["process"],
-              "user": s["process"].split()[0] if s["process"] else None}
-    ok = (run.returncode == 0 and checks["healthy"] and checks["device_policy"] == "closed"
-          and checks["override_kv"] and checks["user"] == "servefleet")
-    doc = {"ok": ok, "checks": checks, "seconds": round(time.monotonic() - t0, 1),
-           "serving": s, "probe_output": probe_now(), "releases": releases(),
-           "preflight": out("cat /opt/servefleet/state/preflight.json 2>/dev/null | head -c 2000"),
-           "gpu": out("nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used "
-                      "--format=csv,noheader; nvidia-smi -L") if GPU else "rehearsal: no GPU",
-           "build": out("cat /opt/servefleet/llama.cpp/current/build.json"),
-           "systemd": out("systemctl --version | head -n 1; systemctl is-system-running"),
-           "security": out(f"systemd-analyze security --no-pager {UNIT} | tail -n 1"),
-           "unit": out(f"cat /etc/systemd/system/{UNIT}")}
+    checks = {
+        "rc": run.returncode,
+        "changed": run.changed,
+        "healthy": healthy(s),
+        "device_policy": s["systemctl_show"].get("DevicePolicy"),
+        "override_kv": "--override-kv" in s["process"],
+        "user": s["process"].split()[0] if s["process"] else None,
+    }
+    ok = (
+        run.returncode == 0
+        and checks["healthy"]
+        and checks["device_policy"] == "closed"
+        and checks["override_kv"]
+        and checks["user"] == "servefleet"
+    )
+    doc = {
+        "ok": ok,
+        "checks": checks,
+        "seconds": round(time.monotonic() - t0, 1),
+        "serving": s,
+        "probe_output": probe_now(),
+        "releases": releases(),
+        "preflight": out("cat /opt/servefleet/state/preflight.json 2>/dev/null | head -c 2000"),
+        "gpu": out(
+            "nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used "
+            "--format=csv,noheader; nvidia-smi -L"
+        )
+        if GPU
+        else "rehearsal: no GPU",
+        "build": out("cat /opt/servefleet/llama.cpp/current/build.json"),
+        "systemd": out("systemctl --version | head -n 1; systemctl is-system-running"),
+        "security": out(f"systemd-analyze security --no-pager {UNIT} | tail -n 1"),
+        "unit": out(f"cat /etc/systemd/system/{UNIT}"),
+    }
     (RESULTS / "servefleet-llama.service").parent.mkdir(parents=True, exist_ok=True)
     (RESULTS / "servefleet-llama.service").write_text(doc["unit"] + "\n")
     return write("converge", doc, run.output)
@@ -159,16 +237,22 @@ def step_again() -> bool:
     pid = serving()["systemctl_show"].get("MainPID")
     run = pyinfra(INVENTORY, DEPLOY, timeout=300)
     after = serving()
-    checks = {"rc": run.returncode, "operations": run.operations, "changed": run.changed,
-              "no_change": run.no_change, "same_pid": after["systemctl_show"].get("MainPID") == pid}
+    checks = {
+        "rc": run.returncode,
+        "operations": run.operations,
+        "changed": run.changed,
+        "no_change": run.no_change,
+        "same_pid": after["systemctl_show"].get("MainPID") == pid,
+    }
     ok = run.returncode == 0 and run.changed == 0 and run.operations > 0 and checks["same_pid"]
     return write("again", {"ok": ok, "checks": checks}, run.output)
 
 
 def step_drift() -> bool:
     r = servefleet("drift", INVENTORY, DEPLOY)
-    return write("drift", {"ok": r.returncode == 0, "checks": {"rc": r.returncode}},
-                 r.stdout + r.stderr)
+    return write(
+        "drift", {"ok": r.returncode == 0, "checks": {"rc": r.returncode}}, r.stdout + r.stderr
+    )
 
 
 def step_rollout() -> bool:
@@ -177,48 +261,87 @@ def step_rollout() -> bool:
     rel = releases()
     s = serving()
     perf = (rel.get("current") or {}).get("perf")
-    checks = {"rc": r.returncode, "healthy": healthy(s), "context": rel["current"]["id_of_unit"]
-              if rel.get("current") else None, "perf_recorded": bool(perf)}
-    ok = (r.returncode == 0 and checks["healthy"] and checks["context"] == [SECOND["llamacpp_context"]]
-          and checks["perf_recorded"])
-    return write("rollout", {"ok": ok, "checks": checks, "releases": rel, "serving": s},
-                 r.stdout + r.stderr)
+    checks = {
+        "rc": r.returncode,
+        "healthy": healthy(s),
+        "context": rel["current"]["id_of_unit"] if rel.get("current") else None,
+        "perf_recorded": bool(perf),
+    }
+    ok = (
+        r.returncode == 0
+        and checks["healthy"]
+        and checks["context"] == [SECOND["llamacpp_context"]]
+        and checks["perf_recorded"]
+    )
+    return write(
+        "rollout", {"ok": ok, "checks": checks, "releases": rel, "serving": s}, r.stdout + r.stderr
+    )
 
 
 def step_rollback() -> bool:
     r = servefleet("rollback", INVENTORY, "--limit", gpunode.NODE)
     rel, s, probes = releases(), serving(), probe_journal()
-    checks = {"rc": r.returncode, "healthy": healthy(s),
-              "context": rel["current"]["id_of_unit"] if rel.get("current") else None,
-              "probe_ran": any("probe" in line and "Started" in line for line in probes)}
-    ok = (r.returncode == 0 and checks["healthy"] and checks["context"] == ["65536"]
-          and checks["probe_ran"])
-    return write("rollback", {"ok": ok, "checks": checks, "releases": rel, "serving": s,
-                              "probe_journal": probes}, r.stdout + r.stderr)
+    checks = {
+        "rc": r.returncode,
+        "healthy": healthy(s),
+        "context": rel["current"]["id_of_unit"] if rel.get("current") else None,
+        "probe_ran": any("probe" in line and "Started" in line for line in probes),
+    }
+    ok = (
+        r.returncode == 0
+        and checks["healthy"]
+        and checks["context"] == ["65536"]
+        and checks["probe_ran"]
+    )
+    return write(
+        "rollback",
+        {"ok": ok, "checks": checks, "releases": rel, "serving": s, "probe_journal": probes},
+        r.stdout + r.stderr,
+    )
 
 
 def step_broken() -> bool:
     """A unit whose allow list lacks char-nvidia: the probe refuses it before the restart; the
     unit on disk and the running server are the ones from before."""
     before, unit = serving(), out(f"cat /etc/systemd/system/{UNIT}")
-    patch = (f"import servefleet.core.sandbox as s; s.NVIDIA_DEVICE_GROUPS = {BROKEN_GROUPS!r}; "
-             "import sys; from pyinfra_cli.main import main; "
-             f"sys.argv = ['pyinfra', '-y', {INVENTORY!r}, {DEPLOY!r}]; sys.exit(main())")
+    patch = (
+        f"import servefleet.core.sandbox as s; s.NVIDIA_DEVICE_GROUPS = {BROKEN_GROUPS!r}; "
+        "import sys; from pyinfra_cli.main import main; "
+        f"sys.argv = ['pyinfra', '-y', {INVENTORY!r}, {DEPLOY!r}]; sys.exit(main())"
+    )
     if not GPU:  # without a GPU there is no device list to break: the probe must still run
         patch = patch.replace("s.NVIDIA_DEVICE_GROUPS", "s.NVIDIA_DEVICE_GROUPS_UNUSED")
-    r = subprocess.run([sys.executable, "-c", patch], cwd=REPO, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "NO_COLOR": "1"})
+    r = subprocess.run(
+        [sys.executable, "-c", patch],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     log = r.stdout + r.stderr
     after = serving()
     refused = [line for line in log.splitlines() if "the sandbox probe" in line]
-    checks = {"rc": r.returncode, "refused_line": refused[:1],
-              "unit_unchanged": out(f"cat /etc/systemd/system/{UNIT}") == unit,
-              "same_pid": after["systemctl_show"].get("MainPID")
-              == before["systemctl_show"].get("MainPID"),
-              "still_healthy": healthy(after)}
-    ok = (r.returncode != 0 and bool(refused) and "lists no GPU" in refused[0]
-          and checks["unit_unchanged"] and checks["same_pid"] and checks["still_healthy"]) \
-        if GPU else (checks["unit_unchanged"] and checks["still_healthy"])
+    checks = {
+        "rc": r.returncode,
+        "refused_line": refused[:1],
+        "unit_unchanged": out(f"cat /etc/systemd/system/{UNIT}") == unit,
+        "same_pid": after["systemctl_show"].get("MainPID")
+        == before["systemctl_show"].get("MainPID"),
+        "still_healthy": healthy(after),
+    }
+    ok = (
+        (
+            r.returncode != 0
+            and bool(refused)
+            and "lists no GPU" in refused[0]
+            and checks["unit_unchanged"]
+            and checks["same_pid"]
+            and checks["still_healthy"]
+        )
+        if GPU
+        else (checks["unit_unchanged"] and checks["still_healthy"])
+    )
     return write("broken", {"ok": ok, "checks": checks, "probe_journal": probe_journal()}, log)
 
 
@@ -230,9 +353,13 @@ def step_inspect() -> bool:
     doc["serving"] = s
     doc["checks"]["healthy"] = healthy(s)
     doc["probe_output"] = probe_now()
-    doc["ok"] = (doc["checks"]["rc"] == 0 and doc["checks"]["healthy"]
-                 and doc["checks"]["device_policy"] == "closed" and doc["checks"]["override_kv"]
-                 and doc["checks"]["user"] == "servefleet")
+    doc["ok"] = (
+        doc["checks"]["rc"] == 0
+        and doc["checks"]["healthy"]
+        and doc["checks"]["device_policy"] == "closed"
+        and doc["checks"]["override_kv"]
+        and doc["checks"]["user"] == "servefleet"
+    )
     return write("converge", doc, (RESULTS / "converge.log").read_text())
 
 
@@ -256,12 +383,25 @@ def step_final() -> bool:
     run = pyinfra(INVENTORY, DEPLOY, timeout=300)
     st = servefleet("status", INVENTORY, "--wide")
     d = servefleet("drift", INVENTORY, DEPLOY)
-    checks = {"rc": run.returncode, "changed": run.changed, "healthy": healthy(serving()),
-              "status_rc": st.returncode, "drift_rc": d.returncode}
+    checks = {
+        "rc": run.returncode,
+        "changed": run.changed,
+        "healthy": healthy(serving()),
+        "status_rc": st.returncode,
+        "drift_rc": d.returncode,
+    }
     ok = run.returncode == 0 and checks["healthy"] and st.returncode == 0 and d.returncode == 0
-    return write("final", {"ok": ok, "checks": checks, "releases": releases()},
-                 run.output + "\n--- status\n" + st.stdout + st.stderr + "\n--- drift\n"
-                 + d.stdout + d.stderr)
+    return write(
+        "final",
+        {"ok": ok, "checks": checks, "releases": releases()},
+        run.output
+        + "\n--- status\n"
+        + st.stdout
+        + st.stderr
+        + "\n--- drift\n"
+        + d.stdout
+        + d.stderr,
+    )
 
 
 def step_secrets() -> bool:
@@ -286,18 +426,29 @@ def step_secrets() -> bool:
     finally:
         if planted:
             node(f"rm -f {token}")
-    checks = {"uid": ids, "token_hidden": seen[token]["rc"] != 0,
-              "records_hidden": seen[f"{root}/state/releases.json"]["rc"] != 0,
-              "models_seen": seen[f"{root}/models"]["rc"] == 0,
-              "outside_reads": seen["outside"]["rc"] == 0,
-              "unit_says": out(f"systemctl show -P InaccessiblePaths {UNIT}")}
+    checks = {
+        "uid": ids,
+        "token_hidden": seen[token]["rc"] != 0,
+        "records_hidden": seen[f"{root}/state/releases.json"]["rc"] != 0,
+        "models_seen": seen[f"{root}/models"]["rc"] == 0,
+        "outside_reads": seen["outside"]["rc"] == 0,
+        "unit_says": out(f"systemctl show -P InaccessiblePaths {UNIT}"),
+    }
     ok = all(v for k, v in checks.items() if k not in ("uid", "unit_says"))
     return write("secrets", {"ok": ok, "checks": checks, "seen": seen}, json.dumps(seen))
 
 
-STEPS = {"converge": step_converge, "again": step_again, "drift": step_drift,
-         "rollout": step_rollout, "rollback": step_rollback, "broken": step_broken,
-         "final": step_final, "inspect": step_inspect, "secrets": step_secrets}
+STEPS = {
+    "converge": step_converge,
+    "again": step_again,
+    "drift": step_drift,
+    "rollout": step_rollout,
+    "rollback": step_rollback,
+    "broken": step_broken,
+    "final": step_final,
+    "inspect": step_inspect,
+    "secrets": step_secrets,
+}
 
 
 def main(argv: list[str]) -> int:
