@@ -22,13 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from servefleet_dev import hub
-from servefleet_dev.testing.pyinfra_cli import pyinfra
 from servefleet.core.paths import cache_subdir
-from servefleet_dev.testbed import hosts as tb_hosts
-from servefleet_dev.testbed import lifecycle
+from servefleet_dev import hub
+from servefleet_dev.testbed import hosts as tb_hosts, lifecycle
 from servefleet_dev.testbed.services import hub_root
 from servefleet_dev.testbed.state import load_state
+from servefleet_dev.testing.pyinfra_cli import pyinfra
 from servefleet_dev.testing.tiny_models import build_tiny_checkpoint
 
 REPO, WARMUP = "bench/depot-fanout", "bench/depot-fanout-warmup"

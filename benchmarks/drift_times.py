@@ -18,9 +18,11 @@ os.environ.setdefault("SERVEFLEET_TESTBED_INSTANCE", "9")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from servefleet_dev.testing.pyinfra_cli import pyinfra  # noqa: E402
-from servefleet_dev.testing.pyinfra_cli import REPO_ROOT  # noqa: E402
 from servefleet_dev.testbed import lifecycle  # noqa: E402
+from servefleet_dev.testing.pyinfra_cli import (
+    REPO_ROOT,
+    pyinfra,
+)
 
 
 def main() -> None:

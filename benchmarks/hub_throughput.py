@@ -26,8 +26,8 @@ os.environ.setdefault("HF_HUB_DISABLE_UPDATE_CHECK", "1")
 
 from huggingface_hub import hf_hub_download  # noqa: E402
 
-from servefleet_dev import hub  # noqa: E402
 from servefleet.core.paths import cache_subdir  # noqa: E402
+from servefleet_dev import hub  # noqa: E402
 
 REPO, FILENAME = "bench/one-gig", "model.safetensors"
 MB = 1_000_000

@@ -29,13 +29,15 @@ from pathlib import Path
 os.environ.setdefault("SERVEFLEET_TESTBED_INSTANCE", "8")
 
 from servefleet.core import llamacpp  # noqa: E402
-from servefleet_dev.testing.pyinfra_cli import pyinfra  # noqa: E402
 from servefleet_dev.hub import publish  # noqa: E402
-from servefleet_dev.testbed import hosts as tb_hosts  # noqa: E402
-from servefleet_dev.testbed import lifecycle  # noqa: E402
+from servefleet_dev.testbed import (
+    hosts as tb_hosts,
+    lifecycle,
+)
 from servefleet_dev.testbed.services import hub_root  # noqa: E402
 from servefleet_dev.testbed.state import load_state  # noqa: E402
 from servefleet_dev.testing.llama_src import commits  # noqa: E402
+from servefleet_dev.testing.pyinfra_cli import pyinfra  # noqa: E402
 from servefleet_dev.testing.tiny_models import build_tiny_gguf  # noqa: E402
 
 HOST = "rtx4090-1"

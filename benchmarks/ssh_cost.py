@@ -31,8 +31,10 @@ import paramiko  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from servefleet_dev.testbed import hosts as tb_hosts  # noqa: E402
-from servefleet_dev.testbed import lifecycle  # noqa: E402
+from servefleet_dev.testbed import (  # noqa: E402
+    hosts as tb_hosts,
+    lifecycle,
+)
 from servefleet_dev.testbed.image import ADMIN_USER  # noqa: E402
 from servefleet_dev.testbed.state import known_hosts_path, load_state  # noqa: E402
 
@@ -155,7 +157,7 @@ def main() -> None:
         for name, kwargs in VARIANTS.items():
             seen = []
 
-            def once():
+            def once(kwargs=kwargs, seen=seen):
                 client = connect(first, key, **kwargs)
                 seen.append(agreed(client))
                 client.close()

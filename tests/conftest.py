@@ -30,10 +30,12 @@ if _WORKER:
 
 import pytest  # noqa: E402
 
-from servefleet_dev.testbed import hosts as tb_hosts  # noqa: E402
-from servefleet_dev.testbed import lifecycle  # noqa: E402
-from servefleet_dev.testbed import net as tb_net  # noqa: E402
-from servefleet_dev.testbed import state as tb_state  # noqa: E402
+from servefleet_dev.testbed import (  # noqa: E402
+    hosts as tb_hosts,
+    lifecycle,
+    net as tb_net,
+    state as tb_state,
+)
 from servefleet_dev.testbed.image import ADMIN_USER  # noqa: E402
 from servefleet_dev.testbed.state import known_hosts_path, load_state  # noqa: E402
 from servefleet_dev.testing import quiet  # noqa: E402

@@ -100,7 +100,7 @@ class _Stream:
         self.sock.settimeout(left)
         try:
             data = self.sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             raise self.deadline.expired(self.what) from None
         except OSError as exc:
             raise EngineError(f"{self.what}: {exc.strerror or exc}") from None
@@ -286,7 +286,7 @@ def request(url, method, path, deadline, body=None, headers=None, what=None, max
     raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload
     try:
         sock = socket.create_connection((host, port), timeout=max(deadline.left(), 0.001))
-    except socket.timeout:
+    except TimeoutError:
         raise deadline.expired(what) from None
     except OSError as exc:
         raise EngineError(
@@ -299,7 +299,7 @@ def request(url, method, path, deadline, body=None, headers=None, what=None, max
         sock.settimeout(left)
         try:
             sock.sendall(raw)
-        except socket.timeout:
+        except TimeoutError:
             raise deadline.expired(what) from None
         except OSError as exc:
             raise EngineError(f"{what}: sending the request: {exc.strerror or exc}") from None

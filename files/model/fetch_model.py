@@ -335,7 +335,7 @@ def _rsync(
     cmd += [f"{depot['user']}@{host}:{remote}", str(local)]
     if partial:
         cmd += ["--stats"]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise Failure(
             f"rsync from depot {depot['host']} failed ({proc.returncode}): "

@@ -23,12 +23,12 @@ faked. Exit status 2: PATH is not a directory.
 
 import argparse
 import ctypes
-import pwd
-import stat
 import ctypes.util
 import json
 import mmap
 import os
+import pwd
+import stat
 import sys
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import textwrap
-from typing import Sequence
+from collections.abc import Sequence
 
 ELLIPSIS = "…"
 
@@ -63,6 +63,6 @@ def table(
         widths[widest] -= 1
     lines = []
     for row in cells:
-        line = "  ".join(cut(v, w).ljust(w) for v, w in zip(row, widths)).rstrip()
+        line = "  ".join(cut(v, w).ljust(w) for v, w in zip(row, widths, strict=False)).rstrip()
         lines.append(cut(line, limit))
     return "\n".join(lines)

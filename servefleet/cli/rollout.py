@@ -14,7 +14,8 @@ from rich.console import Console
 
 from servefleet.cli.args import parse_data
 from servefleet.cli.output import table
-from servefleet.verbs.rollout import Rollout, RolloutReport
+from servefleet.verbs.rollout import Rollout
+from servefleet.verbs.rollout_report import RolloutReport
 
 
 def register(sub) -> None:

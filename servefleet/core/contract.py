@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from servefleet.core import validate as c
-from servefleet.core import sandbox
+from servefleet.core import sandbox, validate as c
 
 # Recipe labels: deploys/<name>.py, and the verbs that read data of their own.
 BASE, BF16, Q4, DEPOT, MODEL = "base", "serve_bf16", "serve_q4_llamacpp", "depot", "model"

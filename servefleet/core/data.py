@@ -14,11 +14,11 @@ import difflib
 import hashlib
 import json
 import posixpath
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from servefleet.core import validate as c
-from servefleet.core import contract
+from servefleet.core import contract, validate as c
 from servefleet.core.errors import DataError
 from servefleet.core.fleetkey import depot_key_problem
 from servefleet.core.owned_flags import OWNED, owned_flag_problems

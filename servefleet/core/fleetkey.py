@@ -18,7 +18,6 @@ from servefleet.core.errors import DataError
 from servefleet.core.operator_files import FileRefused, read_regular
 from servefleet.core.paths import cache_subdir
 
-
 # A private key file is a few hundred bytes (an RSA-8192 one ~6.5 KiB).
 MAX_KEY_BYTES = 64 << 10
 

@@ -21,7 +21,7 @@ import hmac
 import os
 import re
 import stat
-from typing import Sequence
+from collections.abc import Sequence
 
 # A known_hosts file of thousands of hosts is a few MiB; a bigger one is not a known_hosts file.
 MAX_BYTES = 16 << 20

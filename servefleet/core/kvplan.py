@@ -39,9 +39,9 @@ from servefleet.core.kvmodel import (  # noqa: F401  (re-exported: the model sid
     MAX_MODEL_LEN,
     HybridModel,
     dtype_bytes,
-    show_value,
     load_config,
     read_model,
+    show_value,
 )
 
 GiB = 1 << 30

@@ -57,7 +57,7 @@ class NodeLayout:
     depot_store: str = ""  # "" -> {root}/depot
 
     @classmethod
-    def of(cls, data) -> "NodeLayout":
+    def of(cls, data) -> NodeLayout:
         """The layout a host's data describes (host.data or a dict)."""
         get = data.get if hasattr(data, "get") else (lambda k: getattr(data, k, None))
         return cls(

@@ -8,8 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from servefleet.core import records, sandbox
-from servefleet.core import systemd as sd
+from servefleet.core import records, sandbox, systemd as sd
 from servefleet.core.layout import LLAMA_UNIT, NodeLayout
 
 UNIT = LLAMA_UNIT

@@ -18,7 +18,6 @@ pass.
 from __future__ import annotations
 
 import math
-
 from dataclasses import asdict, dataclass, field, replace
 
 PASS, FAIL, BORDERLINE, INCONCLUSIVE = "pass", "fail", "borderline", "inconclusive"
@@ -59,7 +58,7 @@ class Settings:
     thresholds: Thresholds
 
     @classmethod
-    def of(cls, data) -> "Settings":
+    def of(cls, data) -> Settings:
         return cls(
             bool(data.get("perf_gate", True)),
             Workload(
@@ -93,7 +92,7 @@ class Figures:
         return doc
 
     @classmethod
-    def from_json(cls, doc) -> "Figures | None":
+    def from_json(cls, doc) -> Figures | None:
         if not isinstance(doc, dict) or not isinstance(doc.get("ttft_s"), (int, float)):
             return None
         try:

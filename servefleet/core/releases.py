@@ -85,7 +85,7 @@ class Release:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, doc, what: str = "a release") -> "Release | None":
+    def from_json(cls, doc, what: str = "a release") -> Release | None:
         """The release a record holds (None for null); RecordError when a field is not what
         servefleet writes: its unit is installed, its prefix linked and its gate run by root."""
         if doc is None:
@@ -152,7 +152,7 @@ class Releases:
         }
 
     @classmethod
-    def from_json(cls, doc) -> "Releases":
+    def from_json(cls, doc) -> Releases:
         """The release records (releases.json); RecordError where a part is not servefleet's."""
         rc.only_keys(doc, ("current", "previous", "rolled_back_from"), "the release records")
         previous = doc.get("previous") or []
@@ -172,7 +172,7 @@ class Releases:
         )
 
     @classmethod
-    def loads(cls, text: str) -> "Releases":
+    def loads(cls, text: str) -> Releases:
         """The release records of a text (none for an empty file); RecordError."""
         doc = rc.load(text, "the release records")
         return cls() if doc is None else cls.from_json(doc)
@@ -275,7 +275,7 @@ class RolloutMarker:
         return json.dumps(asdict(self), sort_keys=True) + "\n"
 
     @classmethod
-    def loads(cls, text: str) -> "RolloutMarker | None":
+    def loads(cls, text: str) -> RolloutMarker | None:
         """The marker of rollout.json's text (None for an empty file); RecordError."""
         what = "rollout.json"
         doc = rc.load(text, what)

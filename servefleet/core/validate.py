@@ -11,8 +11,9 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 # Characters that may never reach a node inside a value: C0/C1 controls, DEL, whitespace.
 # Whitespace, C0/C1 controls, line separators, and the bidi controls that make text read other

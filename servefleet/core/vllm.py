@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servefleet.core import kvplan, sandbox
-from servefleet.core import systemd as sd
+from servefleet.core import kvplan, sandbox, systemd as sd
 from servefleet.core.layout import VLLM_UNIT, NodeLayout
 
 UNIT = VLLM_UNIT

@@ -37,9 +37,9 @@ from pyinfra.api.state import BaseStateCallback
 
 from servefleet.core.batch import split_batch
 
-_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # host -> [keys]
-_ANSWERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # host -> {key: value}
-_LAST_OP: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # host -> (state, op hash)
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # host -> [keys]
+_ANSWERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # host -> {key: value}
+_LAST_OP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # host -> (state, op hash)
 
 
 class _ForgetAfterCommands(BaseStateCallback):

@@ -20,7 +20,7 @@ from servefleet.core.errors import DataError
 from servefleet.core.known_hosts import PinError, host_name, pinned_keys
 from servefleet.core.layout import NodeLayout
 from servefleet.facts.depot import DepotRef
-from servefleet.operations.node import upload
+from servefleet.operations.files import upload
 
 
 @dataclass(frozen=True)

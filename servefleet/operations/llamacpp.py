@@ -23,7 +23,8 @@ from servefleet.core.llamacpp import build_env, build_present, build_problems
 from servefleet.facts import batch
 from servefleet.facts.llamacpp import GgufLint, LlamaBuilds, Nvcc
 from servefleet.facts.node import FreeDiskBytes
-from servefleet.operations.node import fail_host, upload
+from servefleet.operations.files import upload
+from servefleet.operations.node import fail_host
 
 # The operator's project: pyinfra resolves files/ against the current directory.
 BUILD_SCRIPT = Path("files") / "llamacpp" / "build.sh"

@@ -18,7 +18,8 @@ from servefleet.facts import batch
 from servefleet.facts.depot import DepotRef
 from servefleet.facts.models import VerifiedModel
 from servefleet.operations.depot import locate, ref_on_depot
-from servefleet.operations.node import fail_host, upload
+from servefleet.operations.files import upload
+from servefleet.operations.node import fail_host
 
 
 @operation()

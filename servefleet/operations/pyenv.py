@@ -11,6 +11,7 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import operation
+
 from servefleet.core.vllm import version_problems, versions_match
 from servefleet.facts import batch
 from servefleet.facts.node import PathStat

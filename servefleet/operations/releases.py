@@ -10,12 +10,12 @@ import time
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from servefleet.core import releases as rel
-from servefleet.core import sandbox
+from servefleet.core import releases as rel, sandbox
 from servefleet.core.records import Unreadable
 from servefleet.facts import batch
 from servefleet.facts.releases import NodeReleases, RunningRelease
-from servefleet.operations.node import fail_host, upload
+from servefleet.operations.files import upload
+from servefleet.operations.node import fail_host
 
 
 def _now() -> str:

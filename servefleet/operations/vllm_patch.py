@@ -27,7 +27,8 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from servefleet.facts import batch
 from servefleet.facts.files import RegularFileSha256
 from servefleet.facts.vllm import Several, VllmModelFile, VllmVersion
-from servefleet.operations.node import fail_host, upload
+from servefleet.operations.files import upload
+from servefleet.operations.node import fail_host
 
 # The operator's project (pyinfra resolves files/ against the current directory).
 PATCH_ROOT = Path("files") / "patches" / "vllm"

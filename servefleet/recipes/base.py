@@ -29,7 +29,7 @@ from servefleet.facts.node import (
     PathStat,
 )
 from servefleet.facts.vllm import DistVersions
-from servefleet.operations import node, pyenv, root_paths
+from servefleet.operations import files, node, pyenv, root_paths
 
 # The tools venv's packages (dist-info names): uv makes the serving venvs; hf fetches models;
 # gguf reads GGUF headers for the lint.
@@ -81,7 +81,7 @@ PLANS: dict = {}
 
 
 def upload_reads(*paths: str) -> list:
-    """What node.upload reads of each destination (its stat and its digest)."""
+    """What files.upload reads of each destination (its stat and its digest)."""
     return [(fact, {"path": p}) for p in paths for fact in (File, Sha256File)]
 
 
@@ -94,7 +94,7 @@ def package_query(key: str = "os_packages") -> tuple[str, ...]:
 def plan_base() -> None:
     """Everything the base's steps read, planned as one read (servefleet.facts.batch): a no-op
     check of the base costs one command per node."""
-    lay, user = layout(), host.data.servefleet_user
+    lay = layout()
     batch.plan(
         host,
         [
@@ -161,7 +161,7 @@ def mark_own_dirs(keys: tuple[str, ...]) -> None:
     lay = layout()
     for key, d in own_dirs():
         if key in keys:
-            node.owned_file(name=f"servefleet's mark in {d}", path=lay.own_marker(d))
+            files.owned_file(name=f"servefleet's mark in {d}", path=lay.own_marker(d))
 
 
 def root_read_paths() -> dict[str, str]:
@@ -210,16 +210,16 @@ def account_and_tree():
     lay, user = layout(), host.data.servefleet_user
     node.account(name=f"System user {user}", user=user, home=lay.cache_dir, shell=NOLOGIN)
     for path in lay.tree:
-        node.directory(name=f"Directory {path}", path=path, user="root", group="root", mode="755")
+        files.directory(name=f"Directory {path}", path=path, user="root", group="root", mode="755")
     # Models are read by the engine and, on a depot, by the read-only rsync account: 0755.
-    node.directory(
+    files.directory(
         name=f"Directory {lay.cache_dir} (the service's)",
         path=lay.cache_dir,
         user=user,
         group=user,
         mode="750",
     )
-    node.directory(
+    files.directory(
         name=f"Directory {lay.models_dir} (the service's)",
         path=lay.models_dir,
         user=user,

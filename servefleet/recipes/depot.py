@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files
+from pyinfra.operations import files as pyinfra_files
 
 from servefleet.core.fleetkey import depot_models, fleet_key
-from servefleet.operations import models as model_ops
-from servefleet.operations import node
+from servefleet.operations import files, models as model_ops, node
 from servefleet.recipes import base
 from servefleet.recipes.models import fetch_args, model_tools
 
@@ -29,7 +28,7 @@ def account():
     lay, user = base.layout(), host.data.servefleet_user
     depot_user = host.data.depot_user
     _, public = fleet_key(host.data, host.name)
-    files.directory(
+    pyinfra_files.directory(
         name=f"Depot store {lay.depot_dir}", path=lay.depot_dir, user=user, group=user, mode="755"
     )
     base.mark_own_dirs(("depot_store",))
@@ -38,9 +37,11 @@ def account():
         name=f"Depot user {depot_user}", user=depot_user, home=lay.depot_home, shell="/bin/sh"
     )
     for d in (lay.depot_home, f"{lay.depot_home}/.ssh"):  # root's: the account cannot change them
-        files.directory(name=f"Directory {d}", path=d, user="root", group="root", mode="755")
+        pyinfra_files.directory(
+            name=f"Directory {d}", path=d, user="root", group="root", mode="755"
+        )
     line = f'restrict,command="{RRSYNC} -ro {lay.depot_dir}" {public}\n'
-    node.upload(
+    files.upload(
         name="Fleet key, read-only rsync of the store",
         dest=f"{lay.depot_home}/.ssh/authorized_keys",
         content=line,

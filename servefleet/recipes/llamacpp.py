@@ -27,8 +27,7 @@ from servefleet.facts import batch
 from servefleet.facts.llamacpp import GgufLint, LlamaBuilds, Nvcc
 from servefleet.facts.node import FreeDiskBytes, InstalledDebs
 from servefleet.facts.vllm import DistVersions
-from servefleet.operations import llamacpp as ops
-from servefleet.operations import node
+from servefleet.operations import files, llamacpp as ops
 from servefleet.recipes import base, releases, serving
 from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
 from servefleet.recipes.service import ServiceRun, systemd_service
@@ -144,13 +143,13 @@ def gguf_lint_step(run: ModelRun):
     """gguf in the tools venv and the lint on the node; the model file linted there."""
     base.tools(base.GGUF_TOOLS)
     args = _lint_args(run.path)
-    node.upload(
+    files.upload(
         name="GGUF header check",
         dest=base.layout().bin("gguf_header.py"),
         content=LINT_HEADER_SOURCE.read_bytes(),
         mode="644",
     )
-    node.upload(
+    files.upload(
         name="GGUF lint script", dest=args["script"], content=LINT_SOURCE.read_bytes(), mode="644"
     )
     ops.check_gguf(name="GGUF lint of the model file", **args)
@@ -171,7 +170,7 @@ def override_kv(model_dir: str):
 @deploy("llama.cpp service")
 def service(built: Build, run: ModelRun) -> ServiceRun:
     lay = base.layout()
-    node.upload(
+    files.upload(
         name="Start preflight script (free VRAM/RAM)",
         dest=lay.bin("servefleet-llama-preflight"),
         content=open(PREFLIGHT_SCRIPT, "rb").read(),

@@ -25,9 +25,7 @@ from servefleet.core.layout import NodeLayout
 from servefleet.core.models import SHA_RE, HubError, hub_commit, operator_token
 from servefleet.facts.models import VerifiedModel, record_args
 from servefleet.facts.vllm import DistVersions
-from servefleet.operations import depot as depot_ops
-from servefleet.operations import models as model_ops
-from servefleet.operations import node
+from servefleet.operations import depot as depot_ops, files, models as model_ops
 from servefleet.recipes import base
 
 FETCHER = "files/model/fetch_model.py"
@@ -105,7 +103,7 @@ def _once(step: str) -> bool:
 def model_tools(source: str):
     """The fetcher, the hub client and token (hub) or the depot's key and host key (depot)."""
     lay = base.layout()
-    node.upload(
+    files.upload(
         name="Model fetch/verify script",
         dest=lay.bin("servefleet-fetch-model"),
         content=open(FETCHER, "rb").read(),
@@ -115,7 +113,7 @@ def model_tools(source: str):
         base.tools(base.MODEL_TOOLS)
         token = operator_token(host.data, host.name)
         if token:
-            node.upload(
+            files.upload(
                 name="Hub token (0400, the fetching service user's)",
                 dest=lay.hf_token_file,
                 content=token + "\n",
@@ -125,15 +123,15 @@ def model_tools(source: str):
                 secret=True,
             )
         else:
-            node.absent(name="No hub token (anonymous)", path=lay.hf_token_file)
+            files.absent(name="No hub token (anonymous)", path=lay.hf_token_file)
         # A node switched from the depot keeps no fleet key it no longer uses.
         for path in (lay.depot_key, lay.depot_known_hosts):
-            node.absent(name=f"No depot key material {path} (hub source)", path=path)
+            files.absent(name=f"No depot key material {path} (hub source)", path=path)
     else:
-        node.absent(name="No hub token (depot source)", path=lay.hf_token_file)
+        files.absent(name="No hub token (depot source)", path=lay.hf_token_file)
         depot_ops.locate(host.data.depot_host)  # a bad depot_host stops the run here
         private, _ = fleet_key(host.data, host.name)
-        node.upload(
+        files.upload(
             name="Fleet key for the depot (0600)",
             dest=lay.depot_key,
             content=private,

@@ -8,11 +8,11 @@ from pyinfra.api import deploy
 from servefleet.core.data import serving_digest
 from servefleet.core.layout import UNIT_DIR, NodeLayout
 from servefleet.core.releases import Release
+from servefleet.core.systemd import render_unit
 from servefleet.facts import batch
 from servefleet.facts.models import VerifiedModel, record_args
 from servefleet.operations import releases as release_ops
 from servefleet.recipes import base
-from servefleet.core.systemd import render_unit
 
 
 def build(

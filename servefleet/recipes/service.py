@@ -23,7 +23,7 @@ from servefleet.core.layout import NodeLayout
 from servefleet.core.systemd import render_unit
 from servefleet.facts import batch
 from servefleet.facts.releases import RunningRelease
-from servefleet.operations import node, sandbox
+from servefleet.operations import files, node, sandbox
 from servefleet.recipes import releases
 
 
@@ -103,7 +103,7 @@ def systemd_service(
             running and (unit_differs() or stale() or any(d.did_change() for d in depends_on))
         ),
     )
-    unit_op = node.upload(
+    unit_op = files.upload(
         name=f"Unit {unit}",
         dest=unit_path,
         content=lambda: render_unit(template, context),

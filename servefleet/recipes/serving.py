@@ -12,11 +12,9 @@ from pyinfra.facts.files import Sha1File
 
 from servefleet.core.layout import NodeLayout, api_url
 from servefleet.core.secrets import read_secret
-from servefleet.operations import health as health_ops
-from servefleet.operations import node
-from servefleet.operations import releases as release_ops
 from servefleet.facts.releases import NodeReleases, RunningRelease
 from servefleet.facts.systemd import UnitState
+from servefleet.operations import files, health as health_ops, releases as release_ops
 from servefleet.recipes import base
 from servefleet.recipes.service import AnyChanged, ServiceRun
 
@@ -46,10 +44,10 @@ def api_key(env_file: str | None = None, env_var: str | None = None) -> object:
     data, lay = base.data(), base.layout()
     files = [lay.api_key_file] + ([env_file] if env_file else [])
     if not data.get("api_key_file"):
-        return AnyChanged([node.absent(name=f"No API key file {p}", path=p) for p in files])
+        return AnyChanged([files.absent(name=f"No API key file {p}", path=p) for p in files])
     key = read_secret(data["api_key_file"])
     ops = [
-        node.upload(
+        files.upload(
             name=f"API key -> {lay.api_key_file} (0600)",
             dest=lay.api_key_file,
             content=key + "\n",
@@ -59,7 +57,7 @@ def api_key(env_file: str | None = None, env_var: str | None = None) -> object:
     ]
     if env_file:
         ops.append(
-            node.upload(
+            files.upload(
                 name=f"API key -> {env_file} (0600)",
                 dest=env_file,
                 content=f"{env_var}={key}\n",
@@ -92,13 +90,13 @@ def health(label: str, svc: ServiceRun, gate: dict) -> None:
     """Only when the service was (re)started in this run: the gate, then the running release
     recorded (state/running.json: what a later run compares with what it installs)."""
     lay = base.layout()
-    node.upload(
+    files.upload(
         name="Engine answer reader",
         dest=lay.bin(ENGINE_CLIENT_NAME),
         content=open(ENGINE_CLIENT, "rb").read(),
         mode="644",
     )
-    node.upload(
+    files.upload(
         name="Health check script",
         dest=lay.bin("servefleet-health"),
         content=open(HEALTH_SCRIPT, "rb").read(),

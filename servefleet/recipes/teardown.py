@@ -15,8 +15,8 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 
 from servefleet.core import node_output
-from servefleet.core.validate import inside
 from servefleet.core.layout import NodeLayout
+from servefleet.core.validate import inside
 from servefleet.facts.node import DirEntries
 from servefleet.facts.systemd import ServefleetUnits
 from servefleet.recipes import base

@@ -22,7 +22,7 @@ from pyinfra.facts.files import File
 
 from servefleet.core import vllm as logic
 from servefleet.core.python_env import source_args
-from servefleet.facts.models import VerifiedModel
+from servefleet.facts import batch
 from servefleet.facts.node import MemoryBytes, PathStat
 from servefleet.facts.vllm import (
     DistVersions,
@@ -31,8 +31,7 @@ from servefleet.facts.vllm import (
     VllmModelFile,
     VllmVersion,
 )
-from servefleet.facts import batch
-from servefleet.operations import node, pyenv, vllm_patch, vllm_preflight
+from servefleet.operations import files, pyenv, vllm_patch, vllm_preflight
 from servefleet.recipes import base, releases, serving
 from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
 from servefleet.recipes.service import ServiceRun, systemd_service
@@ -103,7 +102,7 @@ def python_env() -> PythonEnv:
     )
     # uv leaves its install lock in the venv, writable by all: root runs this venv's vllm and
     # python, so nothing in it may be writable by anyone but root.
-    node.owned_file(
+    files.owned_file(
         name=f"{venv}/.lock: root's, 0644",
         path=f"{venv}/.lock",
         user="root",
@@ -148,7 +147,7 @@ def page_cache(run: ModelRun, depends_on: list):
     """Evict the model's files from the page cache when policy says so and something changed."""
     data, lay = base.data(), base.layout()
     script = lay.bin("servefleet-evict-page-cache")
-    node.upload(
+    files.upload(
         name="Page-cache eviction script",
         dest=script,
         content=open(EVICT_SCRIPT, "rb").read(),
@@ -208,7 +207,7 @@ def service(env: PythonEnv, run: ModelRun, depends_on: list) -> ServiceRun:
 def executable_check(data) -> None:
     """vllm_executable (testbed only) must be root's: root starts what it names."""
     if data.get("vllm_executable"):
-        node.root_owned(name=f"{data['vllm_executable']} is root's", path=data["vllm_executable"])
+        files.root_owned(name=f"{data['vllm_executable']} is root's", path=data["vllm_executable"])
 
 
 @deploy("vLLM health")

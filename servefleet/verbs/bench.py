@@ -17,7 +17,8 @@ from pathlib import Path
 from servefleet.core import perf
 from servefleet.core.layout import NodeLayout, api_url
 from servefleet.facts.releases import NodeReleases
-from servefleet.operations.node import put, run
+from servefleet.operations.files import put
+from servefleet.operations.node import run
 from servefleet.recipes.base import python
 from servefleet.recipes.serving import ENGINE_CLIENT, ENGINE_CLIENT_NAME
 from servefleet.verbs import session as api

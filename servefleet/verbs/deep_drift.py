@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from pyinfra.facts.files import FileContents, Sha1File
 
-from servefleet.core import drift_items as di
-from servefleet.core import llamacpp as llama_logic
-from servefleet.core import vllm as vllm_logic
+from servefleet.core import drift_items as di, llamacpp as llama_logic, vllm as vllm_logic
 from servefleet.core.layout import NodeLayout
 from servefleet.core.models import (
     SHA_RE,
@@ -28,18 +26,17 @@ from servefleet.core.models import (
     invalid_record_reason,
     operator_token,
 )
+from servefleet.core.systemd import render_unit
 from servefleet.facts import batch
-from servefleet.facts.llamacpp import LlamaBuilds
 from servefleet.facts.files import RegularFileSha256
+from servefleet.facts.llamacpp import LlamaBuilds
 from servefleet.facts.models import ModelRecordFiles, VerifiedModel, record_args
 from servefleet.facts.releases import NodeReleases, RunningRelease
 from servefleet.facts.systemd import UnitState
 from servefleet.facts.vllm import DistVersions, TorchCuda, VllmModelFile
 from servefleet.operations import vllm_patch
-from servefleet.recipes import llamacpp as llama_recipe
-from servefleet.recipes import vllm as vllm_recipe
+from servefleet.recipes import llamacpp as llama_recipe, vllm as vllm_recipe
 from servefleet.recipes.models import model_dir
-from servefleet.core.systemd import render_unit
 
 
 def known_hashes() -> dict[str, str]:

@@ -12,13 +12,14 @@ interrupted rollout compares with it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from servefleet.core import perf, records
 from servefleet.core.layout import NodeLayout
 from servefleet.core.releases import Releases, with_perf
-from servefleet.operations.node import put, run
+from servefleet.operations.files import put
+from servefleet.operations.node import run
 from servefleet.verbs.bench import bench_host
 
 OFF_BY_FLAG = "off (--no-perf-gate)"
@@ -214,7 +215,7 @@ GATE_SAID = {
 def decide(
     before: perf.Figures,
     th: perf.Thresholds,
-    measure_once: Callable[[], "perf.Figures | str"],
+    measure_once: Callable[[], perf.Figures | str],
     say: Callable[[str], None],
 ) -> tuple[str, str, perf.Figures | None, float]:
     """The gate's rule for one host: (verdict, what it said, the figures that counted, seconds).

@@ -4,8 +4,8 @@ through the API. Acts only on explicitly selected, reachable hosts (at most max_
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from servefleet.core.errors import Exit
 from servefleet.verbs import session as api

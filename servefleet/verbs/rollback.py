@@ -4,12 +4,18 @@ health gate (a rollout rolls back on its own: verbs/rollout.py)."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from servefleet.core.errors import Exit
 from servefleet.verbs import session as api
 from servefleet.verbs.healthgate import gate, release_of
-from servefleet.verbs.rollout import ATTENTION, ROLLBACK, ROLLED_BACK, HostRollout, RolloutReport
+from servefleet.verbs.rollout_report import (
+    ATTENTION,
+    ROLLBACK,
+    ROLLED_BACK,
+    HostRollout,
+    RolloutReport,
+)
 
 
 def rollback(

@@ -1,18 +1,14 @@
 """Rolling upgrades with health gates and automatic rollback (`servefleet rollout`); going back
 on purpose is verbs/rollback.py.
 
-1. Preflight: the data is validated for every host, and every host of the deploy's role is
-   reachable and healthy (a host that an interrupted rollout left mid-way may be unhealthy:
-   it is finished now), or nothing is changed.
-2. Batch by batch: mark the hosts (state/rollout.json), converge the batch through the API,
-   then gate every host of the batch whether or not the converge restarted anything: the
-   recipe's health check, the chat smoke, for vLLM the KV comparison, and `health_settle_s` of
-   staying healthy. Then the performance gate (verbs/perfgate.py): the node-side bench, with
-   the data's small workload, against a baseline measured the same way just before the
-   converge; a regression beyond the data's thresholds fails the host (--no-perf-gate, or
-   perf_gate = false in a role's data, leaves the health gate alone). A failed converge or gate
-   rolls the host back to its previous release (deploys/rollback.py) and gates it again; with
-   no previous release it needs attention.
+1. Preflight: the data is validated and every host of the deploy's role is reachable and
+   healthy (an interrupted rollout's host is finished now), or nothing is changed.
+2. Batch by batch: mark the hosts (state/rollout.json), converge the batch, then gate every host
+   whether or not anything restarted: the recipe's health check, the chat smoke, for vLLM the
+   KV comparison, `health_settle_s` of staying healthy; then the performance gate
+   (verbs/perfgate.py) against a baseline measured just before the converge. A failed converge
+   or gate rolls the host back to its previous release (deploys/rollback.py) and gates it
+   again; with no previous release it needs attention.
 3. More failed hosts than --max-failures stops the rollout; the rest are left untouched.
 
 The state lives on the nodes (release records, the marker), so a rerun from any operator
@@ -21,110 +17,36 @@ machine finishes an interrupted rollout or rolls back.
 
 from __future__ import annotations
 
-import math
-import re
 import shlex
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import replace
 
 from servefleet.core import contract, perf
 from servefleet.core.data import recipe_of
 from servefleet.core.errors import DataError, Exit
 from servefleet.core.layout import NodeLayout
-from servefleet.core.releases import RolloutMarker
 from servefleet.core.records import Unreadable
+from servefleet.core.releases import RolloutMarker
 from servefleet.facts.releases import RolloutMarkerFact
-from servefleet.operations.node import put, run
+from servefleet.operations.files import put
+from servefleet.operations.node import run
 from servefleet.verbs import session as api
 from servefleet.verbs.healthgate import gate, release_of
 from servefleet.verbs.perfgate import OFF_BY_FLAG, PerfGate
-
-ROLLBACK = "deploys/rollback.py"
-UPGRADED, ROLLED_BACK, UNTOUCHED, ATTENTION = (
-    "upgraded",
-    "rolled back",
-    "untouched",
-    "needs attention",
+from servefleet.verbs.rollout_report import (
+    ATTENTION,
+    INCONCLUSIVE,
+    ROLLBACK,
+    ROLLED_BACK,
+    UPGRADED,
+    HostRollout,
+    RolloutReport,
+    batch_size,
+    batches,
+    max_failures_of,
 )
-# Healthy on the new release, but the performance gate could not tell whether it is slower:
-# the host stays on it, and it counts neither as upgraded nor as failed.
-INCONCLUSIVE = "inconclusive"
-
-
-@dataclass
-class HostRollout:
-    name: str
-    from_release: str | None = None
-    to_release: str | None = None
-    result: str = UNTOUCHED
-    converge_s: float | None = None
-    gate_s: float | None = None
-    rollback_s: float | None = None
-    detail: str = ""
-    perf_s: float | None = None  # what the performance gate cost: baseline + check(s)
-    perf: str = ""  # the performance gate's verdict, with both figures, or why it is off
-    perf_before: dict | None = None  # the baseline (core.perf.Figures as JSON)
-    perf_after: dict | None = None  # the figures measured on the new release
-    again: bool = False  # the gate failed it, the node was found slower too: upgraded again
-
-
-@dataclass
-class RolloutReport:
-    rollout_id: str
-    hosts: dict[str, HostRollout] = field(default_factory=dict)
-    message: str = ""
-    refused: int | None = None  # the exit code when the rollout refused to start
-    wanted: str = UPGRADED  # what a host that went well is: rolled back, for `rollback`
-
-    @property
-    def exit_code(self) -> int:
-        if self.refused is not None:
-            return self.refused
-        results = {h.result for h in self.hosts.values()}
-        if ATTENTION in results:
-            return Exit.NEEDS_ATTENTION
-        return Exit.OK if results <= {self.wanted} and self.hosts else Exit.DIFFERS
-
-    def to_dict(self) -> dict:
-        return {
-            "rollout_id": self.rollout_id,
-            "message": self.message,
-            "hosts": {n: asdict(h) for n, h in self.hosts.items()},
-            "exit_code": int(self.exit_code),
-        }
-
-
-BATCH = re.compile(r"([1-9][0-9]{0,5})(%?)")  # 2 or 25%: whole numbers, nothing else
-MAX_FAILURES = 100_000
-
-
-def batch_size(batch: str) -> tuple[int, bool]:
-    """--batch N (hosts, 1..999999) or P% (of the hosts, 1..100) -> (N or P, is a percentage)."""
-    m = BATCH.fullmatch(str(batch).strip())
-    if not m or (m[2] and int(m[1]) > 100):
-        raise DataError(
-            f"--batch {str(batch)[:40]!r}: expected a number of hosts (2) or a "
-            f"percentage of them from 1% to 100% (25%)"
-        )
-    return int(m[1]), bool(m[2])
-
-
-def max_failures_of(value) -> int:
-    """--max-failures K: the failed hosts tolerated, 0..MAX_FAILURES."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_FAILURES:
-        raise DataError(
-            f"--max-failures {value!r}: expected a number of hosts from 0 to {MAX_FAILURES}"
-        )
-    return value
-
-
-def batches(names: list[str], batch: str) -> list[list[str]]:
-    """--batch N or P% (of the hosts, rounded up, at least one) -> the batches in order."""
-    n, percent = batch_size(batch)
-    size = max(math.ceil(len(names) * n / 100), 1) if percent else n
-    return [names[i : i + size] for i in range(0, len(names), size)]
 
 
 def _write_marker(host, marker: RolloutMarker | None) -> None:
@@ -149,12 +71,8 @@ class Rollout:
     ):
         batch_size(batch)  # refused here, before any host is reached
         self.inventory, self.deploy, self.batch = inventory, deploy, batch
-        self.max_failures, self.limit, self.data, self.say = (
-            max_failures_of(max_failures),
-            limit,
-            data,
-            say,
-        )
+        self.max_failures = max_failures_of(max_failures)
+        self.limit, self.data, self.say = limit, data, say
         self.recipe = recipe_of(deploy)
         if self.recipe not in contract.SERVING:
             raise DataError(

@@ -21,17 +21,17 @@ from pathlib import Path
 
 import gevent
 import pyinfra
-
-# pyinfra_cli patches sockets for gevent on import, which parallel connections rely on.
-from pyinfra_cli.exceptions import UnexpectedExternalError
-from pyinfra_cli.inventory import make_inventory
-from pyinfra_cli.util import load_deploy_file
 from pyinfra.api import Config, State
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
+
+# pyinfra_cli patches sockets for gevent on import, which parallel connections rely on.
+from pyinfra_cli.exceptions import UnexpectedExternalError
+from pyinfra_cli.inventory import make_inventory
+from pyinfra_cli.util import load_deploy_file
 
 from servefleet.core.errors import DataError
 from servefleet.core.inventory import fleet_path, reset_run_context, set_run_context

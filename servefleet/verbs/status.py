@@ -5,9 +5,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import asdict, dataclass
 
+from servefleet.core import llamacpp as llama_logic, vllm as vllm_logic
 from servefleet.core.inventory import ROLES
-from servefleet.core import llamacpp as llama_logic
-from servefleet.core import vllm as vllm_logic
 from servefleet.core.layout import NodeLayout, api_url
 from servefleet.facts.llamacpp import LlamaBuilds
 from servefleet.facts.models import VerifiedModel, record_args

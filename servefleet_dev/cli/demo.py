@@ -21,8 +21,7 @@ from servefleet.verbs import drift
 from servefleet.verbs.bench import bench
 from servefleet.verbs.session import converge
 from servefleet.verbs.status import status
-from servefleet_dev.testbed import hosts as tb_hosts
-from servefleet_dev.testbed import lifecycle, material
+from servefleet_dev.testbed import hosts as tb_hosts, lifecycle, material
 from servefleet_dev.testbed.state import load_state
 
 INVENTORY = "inventory/testbed.py"

@@ -35,6 +35,18 @@ server only binds to loopback or the testbed's own bridge address, never a wildc
 File bodies go out with os.sendfile in bounded chunks: a 1 GB file never costs 1 GB of RAM.
 """
 
+from servefleet_dev.hub.control import clear_faults, hub_stats, set_fault, wait_ready
+from servefleet_dev.hub.handler import HubRequestHandler
+from servefleet_dev.hub.server import (
+    AddressError,
+    HubHTTPServer,
+    check_address,
+    format_url,
+    make_server,
+    running_hub,
+    serve,
+)
+from servefleet_dev.hub.state import FaultRule, Faults, HubState, Stats
 from servefleet_dev.hub.store import (
     LFS_EXTENSIONS,
     LFS_THRESHOLD,
@@ -50,18 +62,6 @@ from servefleet_dev.hub.store import (
     publish,
     repo_dir,
 )
-from servefleet_dev.hub.state import FaultRule, Faults, HubState, Stats
-from servefleet_dev.hub.handler import HubRequestHandler
-from servefleet_dev.hub.server import (
-    AddressError,
-    HubHTTPServer,
-    check_address,
-    format_url,
-    make_server,
-    running_hub,
-    serve,
-)
-from servefleet_dev.hub.control import clear_faults, hub_stats, set_fault, wait_ready
 
 __all__ = [
     "LFS_EXTENSIONS",

@@ -15,9 +15,9 @@ import socket
 import socketserver
 import sys
 import threading
+from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 from servefleet_dev.hub.handler import HubRequestHandler
 from servefleet_dev.hub.state import HubState

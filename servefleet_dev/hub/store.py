@@ -21,10 +21,10 @@ import re
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterator
 
 # Files above this size are LFS files (sha256 ETag), like the hub's default for `git push`.
 LFS_THRESHOLD = 10 * 1024 * 1024
@@ -224,7 +224,7 @@ def publish(
             "repo_id": repo_id,
             "repo_type": repo_type,
             "message": message or f"publish {src.name}",
-            "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z"),
+            "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z"),
             "files": [e.to_json() for e in entries],
         }
         atomic_write(manifest, json.dumps(doc, indent=1).encode())

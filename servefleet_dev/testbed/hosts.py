@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from servefleet_dev.testbed import net
-from servefleet_dev.testing.wheels import cache_lock
 from servefleet_dev.testbed.image import ADMIN_UID, ADMIN_USER
 from servefleet_dev.testbed.state import (
     HostRecord,
@@ -22,6 +21,7 @@ from servefleet_dev.testbed.state import (
     shared_dir,
     testbed_dir,
 )
+from servefleet_dev.testing.wheels import cache_lock
 
 GUEST_CACHE = "/var/cache/servefleet"  # where the host-side caches appear inside every guest
 # nspawn's default system-call filter refuses bpf(), and a guest's systemd then enforces no

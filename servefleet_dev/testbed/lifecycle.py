@@ -105,7 +105,7 @@ def _boot(state: TestbedState, names: list[str], log) -> None:
             started.append(rec)
     save_state(state)
     with ThreadPoolExecutor(max_workers=max(1, len(started))) as pool:
-        for rec, sysstate in zip(started, pool.map(hosts.wait_ready, started)):
+        for rec, sysstate in zip(started, pool.map(hosts.wait_ready, started), strict=False):
             if sysstate == "degraded":  # seen once in CI: a unit failed at boot, sshd with it
                 failed = hosts.restart_failed_units(rec)
                 sysstate = hosts.wait_ready(rec)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from servefleet.core.groupdata import load_group
 from servefleet_dev.hub import publish
-from servefleet_dev.testbed import hosts
 from servefleet_dev.standin.install import EXECUTABLE_NAME, install
+from servefleet_dev.testbed import hosts
 from servefleet_dev.testbed.services import hub_root
 from servefleet_dev.testing.llama_build import llama_host_build
 from servefleet_dev.testing.llama_src import commits

@@ -75,7 +75,9 @@ def start_all(state: TestbedState, log=print) -> None:
             break
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the testbed hub did not start; see {testbed_dir()}/hub.log")
+                raise RuntimeError(
+                    f"the testbed hub did not start; see {testbed_dir()}/hub.log"
+                ) from None
             time.sleep(0.05)
     state.services["hub"] = {"url": url, "pid": proc.pid, "root": str(hub_root())}
     log(f"hub: {url}")

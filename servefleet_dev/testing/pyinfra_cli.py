@@ -8,7 +8,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-
 # pyinfra's results table ends with: "Grand total   <ops>   <success>   <error>   <no change>"
 _TOTAL = re.compile(r"Grand total\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from servefleet.core.paths import cache_subdir
 

@@ -354,7 +354,7 @@ def build_tiny_checkpoint(
         groups[k][n] = data[n]
         running += len(data[n])
     weight_map = {}
-    for file, group in zip(files, groups):
+    for file, group in zip(files, groups, strict=False):
         write_safetensors(directory / file, group, shapes)
         weight_map.update({n: file for n in group})
 

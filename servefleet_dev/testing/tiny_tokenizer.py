@@ -84,7 +84,7 @@ def bytes_to_unicode() -> dict[int, str]:
             keep.append(b)
             chars.append(256 + extra)
             extra += 1
-    return {b: chr(c) for b, c in zip(keep, chars)}
+    return {b: chr(c) for b, c in zip(keep, chars, strict=False)}
 
 
 def learn_merges(corpus: str = CORPUS, n: int = N_MERGES) -> list[tuple[str, str]]:
@@ -97,7 +97,7 @@ def learn_merges(corpus: str = CORPUS, n: int = N_MERGES) -> list[tuple[str, str
     while len(merges) < n:
         pairs: Counter = Counter()
         for word, count in words.items():
-            for a, b in zip(word, word[1:]):
+            for a, b in zip(word, word[1:], strict=False):
                 pairs[(a, b)] += count
         if not pairs:
             raise ValueError(f"the corpus gives only {len(merges)} merges, {n} wanted")

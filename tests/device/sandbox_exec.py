@@ -49,7 +49,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from servefleet_dev.testing.sandbox_model import (
+from servefleet_dev.testing.sandbox_model import (  # noqa: E402
     CLOSED_BASE_PATHS,
     DeviceTable,  # noqa: E402
     allowed,

@@ -480,8 +480,7 @@ def unit_env(entries: list[str]) -> dict:
 
 def cmd_render(args) -> int:
     os.chdir(REPO)  # pyinfra resolves files/ and group_data/ against the project
-    from servefleet.core import kvplan
-    from servefleet.core import vllm as logic
+    from servefleet.core import kvplan, vllm as logic
     from servefleet.core.groupdata import load_group
     from servefleet.core.layout import NodeLayout, api_url
     from servefleet.operations import health as health_ops

@@ -86,7 +86,7 @@ def test_preflight_fails_only_the_host_concerned(testbed, fleet_file):
     assert "preflight failed on rtx4090-1: no NVIDIA GPU found" in run.output
     assert "preflight failed on spark-1" not in run.output
     assert not any(
-        l.strip().startswith("[spark-1]") and "Error" in l for l in run.output.splitlines()
+        ln.strip().startswith("[spark-1]") and "Error" in ln for ln in run.output.splitlines()
     )
 
 

@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from servefleet_dev.testbed import net
-
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
 
 pytestmark = pytest.mark.e2e

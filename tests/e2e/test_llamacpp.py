@@ -11,6 +11,7 @@ A cold build takes ~8 min on 2 cores; with the shared ccache warm, ~1 min.
 
 import json
 import time
+
 import pytest
 
 from servefleet.core import llamacpp

@@ -23,8 +23,7 @@ import time
 import pytest
 import yaml
 
-from servefleet_dev.testbed import hosts as tb_hosts
-from servefleet_dev.testbed import material
+from servefleet_dev.testbed import hosts as tb_hosts, material
 from servefleet_dev.testbed.state import load_state
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
 
@@ -218,7 +217,7 @@ def test_the_engine_cannot_read_the_fetchers_secrets(served, th, host, unit):
     pid = h.check_output(f"systemctl show -P MainPID {unit}").strip()
     assert pid.isdigit() and pid != "0", pid
     uid, gid = h.check_output(f"stat -c '%u %g' /proc/{pid}").split()
-    assert h.check_output(f"id -u servefleet").strip() == uid
+    assert h.check_output("id -u servefleet").strip() == uid
     planted = []
     for name in ("hf-token", "depot-key"):
         path = f"{ROOT}/etc/{name}"

@@ -22,8 +22,7 @@ import sys
 import pytest
 
 from servefleet.operations.vllm_patch import recorded_patch
-from servefleet_dev.testbed import hosts as tb_hosts
-from servefleet_dev.testbed import material
+from servefleet_dev.testbed import hosts as tb_hosts, material
 from servefleet_dev.testbed.state import load_state
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra, reads_of_a_noop
 from servefleet_dev.testing.wheels import vllm_wheel, wheel_member
@@ -247,7 +246,7 @@ def test_api_key_protects_the_api_and_stays_out_of_argv(bf16, th, tmp_path):
     assert f"EnvironmentFile={ROOT}/etc/vllm.env" in text and "sk-testbed" not in text
     url = "http://127.0.0.1:8000/v1/models"
     assert host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' {url}") == "401"
-    host.run(f"printf 'Authorization: Bearer sk-testbed-123456\\n' > /root/hdr")
+    host.run("printf 'Authorization: Bearer sk-testbed-123456\\n' > /root/hdr")
     assert (
         host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' -H @/root/hdr {url}") == "200"
     )

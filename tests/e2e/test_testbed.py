@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-from servefleet_dev.testbed import hosts, lifecycle
-from servefleet_dev.testbed import state as tb_state
+from servefleet_dev.testbed import hosts, lifecycle, state as tb_state
 from servefleet_dev.testbed.image import ADMIN_USER
 from servefleet_dev.testbed.state import known_hosts_path, load_state
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT
@@ -186,7 +185,7 @@ def test_rm_and_down_of_a_dozen_hosts_stop_exactly_theirs(testbed):
     info = look()
     assert info["rows"] == []
     with open("/proc/self/mounts") as fh:
-        assert not [l for l in fh if l.split()[1].startswith(info["dir"] + "/")]
+        assert not [ln for ln in fh if ln.split()[1].startswith(info["dir"] + "/")]
     left = []
     for proc in os.listdir("/proc"):
         if proc.isdigit():

@@ -1,15 +1,13 @@
 """Runs last in the e2e tier: `servefleet testbed down` leaves nothing behind."""
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-import signal
-
-from servefleet_dev.testbed import hosts, lifecycle, net
-from servefleet_dev.testbed import state as tb_state
+from servefleet_dev.testbed import hosts, lifecycle, net, state as tb_state
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +36,7 @@ def test_down_leaves_no_mounts_namespaces_processes_or_routes(testbed):
     lifecycle.down(log=lambda m: None)
     marker = str(tb_state.testbed_dir()) + "/"  # this instance's tree, not testbed-N's
     with open("/proc/self/mounts") as fh:
-        assert not [l for l in fh if l.split()[1].startswith(marker)]  # mount points
+        assert not [ln for ln in fh if ln.split()[1].startswith(marker)]  # mount points
     assert not net.NETNS_PATH.exists()
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
     assert str(net.SUBNET) not in routes

@@ -54,7 +54,7 @@ def escaped_name_is_one_word():
     assert attempt({"served_model_name": value})() is None  # accepted: a legal name
     clean = unit_lines(SPARK)
     hostile = unit_lines({**SPARK, "served_model_name": value})
-    assert [l.split("=", 1)[0] for l in hostile] == [l.split("=", 1)[0] for l in clean]
+    assert [ln.split("=", 1)[0] for ln in hostile] == [ln.split("=", 1)[0] for ln in clean]
     text = render_unit_text({**SPARK, "served_model_name": value}).splitlines()
     assert '    --served-model-name "a%%nb$$HOMEc" \\' in text  # one quoted word, escaped
     assert "Description=vLLM serving a%%nb$HOMEc (servefleet)" in text

@@ -57,7 +57,7 @@ class Engine:
         while not self.stopped.is_set():
             try:
                 conn, _ = self.sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

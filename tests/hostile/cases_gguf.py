@@ -90,10 +90,10 @@ def cli_refusal(*argv) -> str | None:
 def same_output(*argv_pairs) -> None:
     """Each argv gives exit 0 and the same stdout as the first."""
     results = [run_cli(*argv) for argv in argv_pairs]
-    for argv, (rc, out, err) in zip(argv_pairs, results):
+    for argv, (rc, _out, err) in zip(argv_pairs, results, strict=True):
         assert rc == 0, f"servefleet {' '.join(map(str, argv))}: exit {rc}: {err[-800:]}"
     first = results[0][1]
-    for argv, (_, out, _) in zip(argv_pairs[1:], results[1:]):
+    for _, out, _ in results[1:]:
         assert out == first, f"output differs from the clean input's:\n{out}\nversus\n{first}"
 
 

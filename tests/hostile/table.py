@@ -10,8 +10,8 @@ tests/hostile/test_hostile.py runs them all and prints: tried, handled, failed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 CATEGORIES = (
     "data values",

@@ -82,7 +82,7 @@ def test_batched_answers_equal_one_by_one(tmp_path):
         (Fails, {"status": 3}),
     ]
     keys, got = together(facts)
-    for (cls, kwargs), key in zip(facts, keys):
+    for (cls, kwargs), key in zip(facts, keys, strict=False):
         assert got[key] == alone(cls, kwargs), cls.__name__
     # The answers are real, not defaults all round.
     assert got[keys[2]]["type"] == "directory" and got[keys[3]]["type"] == "regular file"

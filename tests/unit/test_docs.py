@@ -101,7 +101,7 @@ def test_lines_fit_100_columns(path):
 def test_headings_never_skip_a_level(path):
     found = headings(path)
     assert found and found[0][1] == 1, f"{rel(path)}: the first heading is not a '# title'"
-    for (_, before, _), (number, level, title) in zip(found, found[1:]):
+    for (_, before, _), (number, level, title) in zip(found, found[1:], strict=False):
         assert level <= before + 1, (
             f"{rel(path)}:{number}: '{title}' jumps from {'#' * before} to {'#' * level}"
         )

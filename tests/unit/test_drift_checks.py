@@ -7,15 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from servefleet.core import drift_items as di
-from servefleet.core import llamacpp, vllm
+from servefleet.core import drift_items as di, llamacpp, vllm
 from servefleet.core.layout import NodeLayout
 from servefleet.core.llamacpp import Builds
 from servefleet.core.models import invalid_record_reason
 from servefleet.facts.models import ModelRecordFiles
 from servefleet.operations.vllm_patch import recorded_patch
-from servefleet.recipes import llamacpp as llama_recipe
-from servefleet.recipes import vllm as vllm_recipe
+from servefleet.recipes import llamacpp as llama_recipe, vllm as vllm_recipe
 from servefleet.recipes.service import render_unit
 from servefleet.verbs import deep_drift as dc
 from servefleet_dev.testbed.material import load

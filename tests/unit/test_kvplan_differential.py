@@ -318,7 +318,9 @@ def test_absent_or_null_head_fields_refused_or_as_vllm(vllm_results):
         assert differences(result) == {}, label
         outcomes[label] = ("same numbers", result["vllm"]["head_size"])
     # An absent head_dim: vLLM takes the class default, so plan-kv's fallback would be wrong.
-    by_label = {label: result for (label, _), result in zip(EDGE_CASES, vllm_results["edge"])}
+    by_label = {
+        label: result for (label, _), result in zip(EDGE_CASES, vllm_results["edge"], strict=False)
+    }
     assert by_label["Qwen3.5-MoE, head_dim absent"]["vllm"]["head_size"] == 256
     assert by_label["Qwen3.5-MoE, head_dim null"]["vllm"]["head_size"] == 2048 // 16
     assert "error" in by_label["Qwen3.5-MoE, num_key_value_heads null"]

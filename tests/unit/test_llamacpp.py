@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.core import llamacpp
-from servefleet.core import llamacpp as ops
+from servefleet.core import llamacpp, llamacpp as ops
 from servefleet.core.data import HostData, Layer, validate
 from servefleet.core.errors import DataError
 from servefleet.core.lint import gguf_lint
@@ -169,7 +168,7 @@ USER = "root"  # the lint runs as the service user on nodes (runuser); as root h
 def _run_fact(fact, **kwargs):
     cmd = fact.command(**kwargs)
     out = subprocess.run(["sh", "-c", str(cmd)], capture_output=True, text=True)
-    return fact.process([l for l in out.stdout.splitlines()])
+    return fact.process([ln for ln in out.stdout.splitlines()])
 
 
 @pytest.mark.parametrize(
@@ -241,7 +240,7 @@ def _render(data, kv):
 def _exec_start(unit):
     """ExecStart= with its continuation lines, as one argv."""
     lines = unit.splitlines()
-    i = next(n for n, l in enumerate(lines) if l.startswith("ExecStart="))
+    i = next(n for n, ln in enumerate(lines) if ln.startswith("ExecStart="))
     words = []
     for line in lines[i:]:
         words += line.rstrip("\\").split()

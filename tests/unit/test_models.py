@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.core import contract, fleetkey
-from servefleet.core import models
+from servefleet.core import contract, fleetkey, models
 from servefleet.core.data import HostData, Layer, validate
 from servefleet.core.errors import DataError
+from servefleet.facts.models import ModelRecordFiles
 from servefleet_dev import hub
 from servefleet_dev.testbed.material import load as group_data
 from servefleet_dev.testing.tiny_models import build_tiny_checkpoint
-from servefleet.facts.models import ModelRecordFiles
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "acme/tiny-model"

@@ -13,7 +13,7 @@ from servefleet.core import perf
 from servefleet.core.groupdata import load_group
 from servefleet.core.releases import Release, Releases, record, rollback, with_perf
 from servefleet.verbs.bench import Comparison
-from servefleet.verbs.rollout import HostRollout, RolloutReport
+from servefleet.verbs.rollout_report import HostRollout, RolloutReport
 
 TH = perf.Thresholds(decode_drop_pct=10, ttft_rise_pct=25, recheck_pct=5)
 

@@ -4,7 +4,7 @@ them: which hosts go together, in inventory order, and what the run's status say
 import pytest
 
 from servefleet.core.errors import DataError, Exit
-from servefleet.verbs.rollout import (
+from servefleet.verbs.rollout_report import (
     ATTENTION,
     ROLLED_BACK,
     UNTOUCHED,

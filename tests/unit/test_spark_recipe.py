@@ -14,20 +14,16 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
-import jinja2
 import pytest
 
-from servefleet.core import kvplan
-from servefleet.core import vllm
+from servefleet.core import kvplan, vllm
 from servefleet.core.data import HostData, Layer, validate
 from servefleet.core.errors import DataError
 from servefleet.core.layout import NodeLayout
 from servefleet.core.systemd import exec_line
 from servefleet.facts.vllm import DistVersions, SafetensorsBytes, TorchCuda
-from servefleet.recipes import serving
-from servefleet.recipes import vllm as recipe
+from servefleet.recipes import serving, vllm as recipe
 from servefleet.recipes.service import render_unit as render_template
 from servefleet_dev.testing.tiny_models import AGENTWORLD_CONFIG, build_tiny_checkpoint
 

@@ -6,9 +6,7 @@ render the chat template."""
 import json
 import subprocess
 
-
-from servefleet_dev.testing import tiny_models
-from servefleet_dev.testing import tiny_tokenizer as tt
+from servefleet_dev.testing import tiny_models, tiny_tokenizer as tt
 from servefleet_dev.testing.wheels import cache_lock, vllm_venv
 
 

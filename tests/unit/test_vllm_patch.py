@@ -20,7 +20,7 @@ import pytest
 from servefleet.operations.vllm_patch import PATCH_ROOT, recorded_patch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-from servefleet_dev.testing.wheels import vllm_wheel, wheel_member
+from servefleet_dev.testing.wheels import vllm_wheel, wheel_member  # noqa: E402
 
 VERSIONS = ["0.24.0", "0.26.0"]
 MODEL_FILE = "vllm/model_executor/models/qwen3_5.py"
@@ -115,8 +115,8 @@ def test_recorded_pristine_hash_is_the_wheels_file(version):
 
 def test_patch_is_small(version):
     lines = recorded_patch(version).patch_file.read_text().splitlines()
-    added = [l for l in lines if l.startswith("+") and not l.startswith("+++")]
-    removed = [l for l in lines if l.startswith("-") and not l.startswith("---")]
+    added = [ln for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
+    removed = [ln for ln in lines if ln.startswith("-") and not ln.startswith("---")]
     assert (len(added), len(removed)) == (5, 3)
 
 

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from servefleet_dev.standin import install as standin_install
-from servefleet_dev.standin import vllm_standin
+from servefleet_dev.standin import install as standin_install, vllm_standin
 from servefleet_dev.testing.tiny_models import build_tiny_checkpoint
 
 PROGRAM = Path(vllm_standin.__file__)
