@@ -6,7 +6,7 @@ Run: .venv/bin/python benchmarks/rollout.py [--hosts 5] [--batch 2]
 Uses its own testbed instance (SERVEFLEET_TESTBED_INSTANCE=9 unless set). The hosts first serve
 b9785 (the testbed's pin; converged once, not timed; the shared ccache makes the builds after the
 first cheap). Then, timed:
-  1. upgrade: `servefleet rollout --batch 2` to the newer real tree (llama-cpp-python 0.3.36's);
+  1. upgrade: `servefleet rollout --batch 2` to the patch release b9785-patch1 (a later commit);
   2. back to b9785 (the data's release), not reported;
   3. failing upgrade: the newer tree with the GGUF overrides turned off, which cannot load the
      field GGUF; the first host fails its gate, is rolled back, and the rollout stops.
@@ -34,7 +34,7 @@ from servefleet_dev.testing.llama_src import commits  # noqa: E402
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra  # noqa: E402
 
 INVENTORY, Q4 = "inventory/testbed.py", "deploys/serve_q4_llamacpp.py"
-NEWER = "llama-cpp-python-0.3.36"
+NEWER = "b9785-patch1"
 
 
 def rollout(hosts: list[str], batch: int, *data: str) -> tuple[float, int, dict]:

@@ -38,7 +38,6 @@ from servefleet_dev.testbed import (  # noqa: E402
 )
 from servefleet_dev.testbed.image import ADMIN_USER  # noqa: E402
 from servefleet_dev.testbed.state import known_hosts_path, load_state  # noqa: E402
-from servefleet_dev.testing import quiet  # noqa: E402
 
 SESSION_HOSTS = ["spark-1", "rtx4090-1", "depot-1"]
 
@@ -198,17 +197,6 @@ def pytest_xdist_make_scheduler(config, log):
             return nodeid
 
     return Halves(config, log)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Every test shares the machine, except for the timed parts of a test marked `quiet`,
-    which run alone (servefleet_dev.testing.quiet: the performance gate's figures)."""
-    if item.get_closest_marker("quiet"):
-        yield  # it takes quiet.exclusive() around what it times, and nothing else
-        return
-    with quiet.shared():
-        yield
 
 
 @pytest.hookimpl(hookwrapper=True)

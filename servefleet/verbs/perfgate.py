@@ -90,9 +90,9 @@ class PerfGate:
         if fig is not None:
             self.baselines[name] = fig
 
-    def baseline(self, sess, names: list[str]) -> None:
-        """Measure the hosts about to be converged (those without a baseline yet), and keep the
-        figures on the release they serve now."""
+    def baseline(self, sess, names: list[str], batch: str = "batch") -> None:
+        """Measure the hosts about to be converged (those gated, without a baseline yet), and
+        keep the figures on the release they serve now."""
 
         def one(host):
             if not self.applies(host) or host.name in self.baselines:
@@ -103,6 +103,12 @@ class PerfGate:
             return fig
 
         todo = [h for h in sess.targets if h.name in names]
+        benched = [h.name for h in todo if self.applies(h) and h.name not in self.baselines]
+        if benched:
+            self.say(
+                f"{batch}: {', '.join(benched)}: benching the release serving now "
+                f"(performance gate baseline)"
+            )
         for name, fig in sess.each(one, todo).items():
             if isinstance(fig, perf.Figures):
                 self.baselines[name] = fig
@@ -255,3 +261,23 @@ def decide(
         f"; the other measurement: {failed_once[0]}" if failed_once else "; best of 2 measurements"
     )
     return state, GATE_SAID[state] + text, after, spent
+
+
+def judge(
+    before: perf.Figures,
+    th: perf.Thresholds,
+    measure_new: Callable[[], perf.Figures | str],
+    measure_previous: Callable[[], perf.Figures | str],
+    say: Callable[[str], None] = lambda line: None,
+) -> tuple[str, str]:
+    """The whole rule for one host, as a rollout applies it: decide() on the new release, then,
+    where it failed, bracket() on the previous release measured twice after the rollback
+    (measure_previous is only called then). (verdict, what it said); the verdict is perf.PASS
+    (also where the node slowed, not the release), perf.FAIL or perf.INCONCLUSIVE. The rollout
+    runs the two stages itself, a batch at a time, with the rollback between them;
+    benchmarks/perf_gate.py measures the rule's error rates through this function."""
+    state, said, after, _ = decide(before, th, measure_new, say)
+    if state != perf.FAIL or after is None:
+        return state, said
+    still, why = bracket(before, [measure_previous(), measure_previous()], after, th)
+    return (perf.FAIL, f"{said}; {why}") if still else (perf.PASS, f"{said}; {why}")

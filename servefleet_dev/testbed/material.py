@@ -106,8 +106,8 @@ def publish_gguf() -> str:
 
 
 def llama_mirror() -> dict[str, str]:
-    """Both llama.cpp sources in the guests' mirror: {tag: commit}. The testbed's pin must be
-    one of them (b9785, the real release; llama-cpp-python-0.3.36, newer, an upgrade target)."""
+    """The llama.cpp releases in the guests' mirror: {tag: commit}. The testbed's pin must be
+    one of them (b9785, the real release; b9785-patch1 is the rollouts' upgrade target)."""
     found = commits()
     if found.get(RTX4090["llamacpp_tag"]) != RTX4090["llamacpp_commit"]:
         raise RuntimeError(

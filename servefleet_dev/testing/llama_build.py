@@ -1,7 +1,7 @@
 """A CPU-only `llama-server` built on this machine from one of the llama.cpp mirror's sources.
 
 Tests use it to prove that a GGUF really loads (or really fails) in the real loader. Each source
-(llama_src.SOURCES: `llama-cpp-python-0.3.36`, the default, and `b9785`, the real release) is
+(llama_src: `b9785`, the real release and the testbed's pin) is
 built once into the cache by the recipe's build.sh (~8.5 min cold on 2 cores; a source the
 testbed's guests compiled first comes out of their ccache) and reused:
 
@@ -30,7 +30,7 @@ from servefleet.core.groupdata import load_group
 from servefleet.core.llamacpp import build_env, flags_hash
 from servefleet.core.paths import cache_subdir
 from servefleet_dev.testing import llama_src
-from servefleet_dev.testing.llama_src import LLAMA_CPP_PYTHON_VERSION, RELEASE_TAG, TAG  # noqa: F401
+from servefleet_dev.testing.llama_src import RELEASE_TAG, TAG  # noqa: F401
 
 # One flag set for this build and the testbed's (group_data/testbed_rtx4090.py), one tree layout
 # (src/ and build/ side by side under one base, as build.sh has them on a node) and one ccache
@@ -39,11 +39,6 @@ TESTBED_GROUP = "testbed_rtx4090"
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "files" / "llamacpp" / "build.sh"
 ENV_OVERRIDE = "SERVEFLEET_LLAMA_SERVER"  # an existing binary for the default source
-
-
-def _sdist() -> Path:
-    """The llama-cpp-python sdist in the cache (kept for older callers: llama_src.sdist)."""
-    return llama_src.sdist(TAG)
 
 
 def _launcher_flags() -> list[str]:

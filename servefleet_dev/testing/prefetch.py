@@ -14,19 +14,16 @@ from __future__ import annotations
 import sys
 import time
 
-from servefleet_dev.testing import quiet
 from servefleet_dev.testing.llama_build import llama_host_build
-from servefleet_dev.testing.llama_src import LLAMA_CPP_PYTHON_VERSION, RELEASE_TAG
+from servefleet_dev.testing.llama_src import RELEASE_TAG
 from servefleet_dev.testing.wheels import vllm_venv
 
 # The testbed's pin (b9785) first: the e2e tier's rtx4090 material waits for it (testbed.material
 # .pin_in_ccache, same lock), then the guests compile it from the cache. The rollout's upgrade
-# tree (the llama-cpp-python 0.3.36 one) comes later in the e2e tier: made here first, the
-# guests take it from the cache too.
+# (b9785-patch1) changes no compiled code: the guests build it from the same cache.
 STEPS = (
     (f"llama.cpp {RELEASE_TAG}", lambda: llama_host_build(tag=RELEASE_TAG)),
     ("vLLM 0.24.0 loader venv", lambda: vllm_venv("0.24.0")),
-    (f"llama.cpp {LLAMA_CPP_PYTHON_VERSION}", lambda: llama_host_build()),
 )
 
 
@@ -34,8 +31,7 @@ def main() -> int:
     for name, step in STEPS:
         started = time.monotonic()
         try:
-            with quiet.shared():  # a compile beside a timed test would be its noise
-                step()
+            step()
         except Exception as exc:  # noqa: BLE001 (the test that needs it reports it properly)
             print(f"prefetch: {name}: {exc}", flush=True)
             continue

@@ -1,0 +1,291 @@
+"""The performance gate's error rates on the testbed: false rollbacks of an equally fast release,
+detections of a slower one, inconclusive verdicts, and what the gate costs a host, idle and
+beside a background load.
+
+    SERVEFLEET_TESTBED_INSTANCE=40 .venv/bin/python benchmarks/perf_gate.py \\
+        [--trials 30] [--loads idle,compile] [--releases same,decode,ttft] [--traces FILE]
+    .venv/bin/python benchmarks/perf_gate.py --judge FILE      # the rule again, on saved traces
+
+One rtx4090 host (the real llama-server b9785, CPU build, the tiny GGUF, the recipe's unit)
+serves release A. A trial is what a rollout does to a host: the gate's baseline measurement of
+A, a switch to release B (the unit of B, a restart, the real health gate: /health, a chat, the
+settle period), the gate's measurements of B, a switch back to A (the rollback) and the
+measurements of A again (the bracket). Every measurement is the rollout's own
+(verbs.perfgate.measure: the node-side bench, the host's gate workload from its data), and every
+trial takes all of them whatever the verdict, so a trace holds what any rule could ask for. The
+verdict is then the rollout's rule (verbs.perfgate.judge) on the trace, taking measurements in
+the order the rollout would, only as many as it would: with the load independent of the
+verdict, that is the verdict the rollout would have reached.
+
+Releases B: `same` is A restarted (an equally fast release: every rollback is false);
+`decode` decodes about 30 % slower and `ttft` has about 50 % higher TTFT (both must be rolled
+back; their server arguments, below, were measured with this benchmark's --calibrate).
+Loads: `idle` (nothing else of ours runs: a test session on the machine still does), `compile`
+(one llama.cpp compile at normal priority, servefleet_dev.testing.load, through every
+measurement of the condition).
+
+Uses its own testbed instance (SERVEFLEET_TESTBED_INSTANCE=40 unless set); brought down at the
+end unless --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("SERVEFLEET_TESTBED_INSTANCE", "40")
+
+from servefleet.core import perf  # noqa: E402
+from servefleet.core.groupdata import load_group  # noqa: E402
+from servefleet.operations.node import run  # noqa: E402
+from servefleet.verbs import perfgate, session as api  # noqa: E402
+from servefleet.verbs.healthgate import gate  # noqa: E402
+from servefleet_dev.testbed import lifecycle, material  # noqa: E402
+from servefleet_dev.testing.load import compile_load  # noqa: E402
+from servefleet_dev.testing.pyinfra_cli import pyinfra  # noqa: E402
+
+INVENTORY, Q4, HOST = "inventory/testbed.py", "deploys/serve_q4_llamacpp.py", "rtx4090-1"
+UNIT = "/etc/systemd/system/servefleet-llama.service"
+# Release B's llama-server arguments after the testbed's --threads 1 (calibrated with
+# --calibrate on the idle machine: the change the gate sees, median of 10 measurements).
+RELEASES = {
+    "same": [],
+    "decode": ["--cache-type-k", "f32"],  # placeholder, replaced by the calibration
+    "ttft": ["--ubatch-size", "32"],  # placeholder, replaced by the calibration
+}
+SHOULD_FAIL = {"same": False, "decode": True, "ttft": True}
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# --- the node ---------------------------------------------------------------------------------
+
+
+def unit_with(unit: str, extra: list[str]) -> str:
+    """The recipe's unit with `extra` after the testbed's `--threads 1` on ExecStart."""
+    if not extra:
+        return unit
+    marker = "--threads 1"
+    if unit.count(marker) != 1:
+        raise SystemExit(f"the unit has {unit.count(marker)} '{marker}': {unit}")
+    return unit.replace(marker, f"{marker} {' '.join(extra)}")
+
+
+def switch(host, unit_text: str) -> float:
+    """Serve unit_text: written, reloaded, restarted, then the rollout's health gate."""
+    started = time.monotonic()
+    script = (
+        f"cat > {UNIT}.new <<'SERVEFLEET_EOF'\n{unit_text}SERVEFLEET_EOF\n"
+        f"mv -f {UNIT}.new {UNIT} && systemctl daemon-reload && "
+        f"systemctl restart servefleet-llama.service"
+    )
+    ok, _, err = run(host, f"sh -c {shlex.quote(script)}")
+    if not ok:
+        raise SystemExit(f"switch failed: {err[-500:]}")
+    ok, said, _ = gate(host)
+    if not ok:
+        raise SystemExit(f"health gate failed after the switch: {said}")
+    return time.monotonic() - started
+
+
+def measure(host) -> dict | str:
+    fig = perfgate.measure(host, "trace", "perf-gate-benchmark")
+    return fig.to_json() if isinstance(fig, perf.Figures) else fig
+
+
+# --- the trials -----------------------------------------------------------------------------------
+
+
+def trial(host, unit_a: str, unit_b: str) -> dict:
+    """Everything a rollout of host from A to B could measure, in its order."""
+    t: dict = {"before": measure(host)}
+    t["switch_s"] = switch(host, unit_b)
+    t["after"] = [measure(host), measure(host)]
+    t["rollback_s"] = switch(host, unit_a)
+    t["again"] = [measure(host), measure(host)]
+    return t
+
+
+def collect(args) -> dict:
+    traces: dict = {
+        "meta": {
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "cores": os.cpu_count(),
+            "releases": {r: RELEASES[r] for r in args.releases},
+        },
+        "conditions": {},
+    }
+    with api.session(INVENTORY, [HOST], None) as sess:
+        host = sess.targets[0]
+
+        def on_host(func):
+            res = sess.each(func, [host])[HOST]
+            if isinstance(res, Exception):
+                raise res
+            return res
+
+        unit_a = on_host(lambda h: run(h, f"cat {UNIT}")[1])
+        traces["meta"]["workload"] = perf.Settings.of(host.data.dict()).workload.to_json()
+        for load in args.loads:
+            with compile_load() if load == "compile" else contextlib.nullcontext():
+                for rel in args.releases:
+                    unit_b = unit_with(unit_a, RELEASES[rel])
+                    got = []
+                    for i in range(args.trials):
+                        got.append(on_host(lambda h, b=unit_b: trial(h, unit_a, b)))
+                        say(f"{load} {rel} {i + 1}/{args.trials}: {brief(got[-1])}")
+                    traces["conditions"][f"{load}/{rel}"] = got
+    return traces
+
+
+def brief(t: dict) -> str:
+    def f(m):
+        return m if isinstance(m, str) else perf.Figures.from_json(m).short
+
+    return f"{f(t['before'])} -> {f(t['after'][0])} | {f(t['after'][1])} ; again {f(t['again'][0])}"
+
+
+# --- the rule on the traces ---------------------------------------------------------------------
+
+
+def judge(traces: dict, th: perf.Thresholds) -> list[dict]:
+    """The rollout's verdict on each trial (verbs.perfgate.judge), and what it cost."""
+    rows = []
+    for cond, trials in traces["conditions"].items():
+        load, rel = cond.split("/")
+        counts = {perf.PASS: 0, perf.FAIL: 0, perf.INCONCLUSIVE: 0}
+        costs = []
+        for t in trials:
+            steps = {"after": iter(t["after"]), "again": iter(t["again"])}
+            took = {"s": 0.0, "switches": 0}
+
+            def take(kind: str, steps=steps, took=took, t=t):
+                m = next(steps[kind])
+                fig = perf.Figures.from_json(m) if isinstance(m, dict) else m
+                if isinstance(fig, perf.Figures):
+                    took["s"] += fig.seconds
+                if kind == "again" and took["switches"] == 0:
+                    took["switches"] = 1
+                    took["s"] += t["rollback_s"]
+                return fig
+
+            before = perf.Figures.from_json(t["before"])
+            took["s"] += before.seconds if before else 0
+            state, _ = perfgate.judge(before, th, lambda: take("after"), lambda: take("again"))
+            counts[state] += 1
+            costs.append(took["s"])
+        wrong = counts[perf.FAIL] if not SHOULD_FAIL[rel] else counts[perf.PASS]
+        rows.append(
+            {
+                "load": load,
+                "release": rel,
+                "trials": len(trials),
+                **counts,
+                "wrong": wrong,
+                "cost_s": statistics.median(costs) if costs else None,
+            }
+        )
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        f"{'load':8} {'release B':10} {'trials':>6} {'passed':>6} {'rolled back':>11} "
+        f"{'inconcl.':>8}  {'wrong':>5}  gate cost/host (median)"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        what = "false rollbacks" if not SHOULD_FAIL[r["release"]] else "missed"
+        lines.append(
+            f"{r['load']:8} {r['release']:10} {r['trials']:>6} {r[perf.PASS]:>6} "
+            f"{r[perf.FAIL]:>11} {r[perf.INCONCLUSIVE]:>8}  {r['wrong']:>5}  "
+            f"{r['cost_s']:.1f} s   ({what}: {r['wrong']})"
+        )
+    return "\n".join(lines)
+
+
+def calibrate(args) -> None:
+    """A against A + args.calibrate, alternately, --trials times each: the change the gate sees."""
+    extra = json.loads(args.calibrate)
+    with api.session(INVENTORY, [HOST], None) as sess:
+        host = sess.targets[0]
+
+        def on_host(func):
+            res = sess.each(func, [host])[HOST]
+            if isinstance(res, Exception):
+                raise res
+            return res
+
+        unit_a = on_host(lambda h: run(h, f"cat {UNIT}")[1])
+        unit_b = unit_with(unit_a, extra)
+        got: dict[str, list] = {"a": [], "b": []}
+        for i in range(args.trials):
+            for key, unit in (("b", unit_b), ("a", unit_a)):
+                on_host(lambda h, u=unit: switch(h, u))
+                fig = perf.Figures.from_json(on_host(measure))
+                got[key].append(fig)
+                say(f"{key} {i + 1}/{args.trials}: {fig.short}")
+    da = statistics.median(f.decode_tok_s for f in got["a"])
+    db = statistics.median(f.decode_tok_s for f in got["b"])
+    ta = statistics.median(f.ttft_s for f in got["a"])
+    tb = statistics.median(f.ttft_s for f in got["b"])
+    print(
+        f"{extra}: decode {da:.1f} -> {db:.1f} tok/s ({perf.change_pct(da, db):+.1f} %), "
+        f"TTFT {ta:.3f} -> {tb:.3f} s ({perf.change_pct(ta, tb):+.1f} %)"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=30)
+    ap.add_argument("--loads", default="idle,compile")
+    ap.add_argument("--releases", default="same,decode,ttft")
+    ap.add_argument("--traces", help="write the traces to this JSON file")
+    ap.add_argument("--judge", help="judge the traces in this file (no testbed)")
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--calibrate", metavar="JSON", help="measure A against A + these arguments")
+    args = ap.parse_args()
+    args.loads, args.releases = args.loads.split(","), args.releases.split(",")
+    if args.judge:
+        traces = json.loads(Path(args.judge).read_text())
+    else:
+        quiet = lambda m: None  # noqa: E731
+        try:
+            lifecycle.up([HOST], log=quiet)
+            material.prepare(spark=False, log=quiet)
+            out = pyinfra(INVENTORY, Q4, limit=HOST, timeout=3600)
+            if out.returncode != 0:
+                raise SystemExit(out.output[-3000:])
+            if args.calibrate:
+                calibrate(args)
+                return 0
+            traces = collect(args)
+        finally:
+            if not args.keep:
+                lifecycle.down(log=quiet)
+        if args.traces:
+            Path(args.traces).write_text(json.dumps(traces))
+    data = {}
+    for group in ("all", "rtx4090", "testbed_rtx4090", "testbed"):
+        data.update(load_group(group))
+    th = perf.Settings.of(data).thresholds
+    print(
+        f"{traces['meta']['date']}, {traces['meta']['cores']} cores, workload "
+        f"{traces['meta'].get('workload')}, thresholds decode -{th.decode_drop_pct} %, "
+        f"TTFT +{th.ttft_rise_pct} %"
+    )
+    print(table(judge(traces, th)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
