@@ -18,6 +18,10 @@ from dataclasses import asdict, dataclass, field, replace
 from servefleet.core import records as rc
 from servefleet.core.records import RecordError
 
+# What a rollback says of a host that keeps no release before its current one (verbs/rollback.py
+# reads it: such a host was not rolled back, and is not broken).
+NO_PREVIOUS = "has no previous release to roll back to"
+
 ENGINES = ("vllm", "llama.cpp")
 # A release's health check, as recipes/serving.py gate_args writes it: key -> allowed types.
 GATE_TYPES = {
@@ -133,6 +137,36 @@ def _unit_text(doc: dict, what: str) -> str:
     if not isinstance(value, str) or len(value) > 256 * 1024 or "\x00" in value:
         raise RecordError(f"{what}: 'unit_text' is not a unit file's text")
     return value
+
+
+def _unit_lines(rel: Release) -> list[str]:
+    """The unit's settings and ExecStart words, one per line as the unit writes them."""
+    lines = (ln.strip().removesuffix("\\").strip() for ln in rel.unit_text.splitlines())
+    return [ln for ln in lines if ln and not ln.startswith(("#", "["))]
+
+
+def what_differs(ref: Release, other: Release) -> str:
+    """other's name for a table, with what sets it apart from ref where the names are the same
+    ("llama.cpp b9785: unit +--ubatch-size 1"): the commit, the model, the unit's lines, else
+    the data."""
+    if other.short != ref.short:
+        return other.short
+    parts = []
+    if other.commit != ref.commit:
+        parts.append(f"commit {str(other.commit)[:9]}")
+    if (other.model_repo, other.model_sha) != (ref.model_repo, ref.model_sha):
+        rev = other.model_sha[:12] if other.model_sha else other.model_revision
+        parts.append(f"model {other.model_repo}@{rev}")
+    mine, theirs = _unit_lines(ref), _unit_lines(other)
+    changed = [f"+{ln}" for ln in theirs if ln not in mine] + [
+        f"-{ln}" for ln in mine if ln not in theirs
+    ]
+    if changed:
+        more = f" (+{len(changed) - 2} more)" if len(changed) > 2 else ""
+        parts.append("unit " + ", ".join(c[:40] for c in changed[:2]) + more)
+    if not parts:
+        parts.append("other data" if other.data_digest != ref.data_digest else "same")
+    return f"{other.short}: {'; '.join(parts)}"
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def rollback(
         back = rel.rollback(records)
     if back is None:
         yield fail_host(
-            f"{host.name} has no previous release to roll back to"
+            f"{host.name} {rel.NO_PREVIOUS}"
             + (f" (current: {current.describe})" if current else "")
         )
         return

@@ -7,12 +7,14 @@ import time
 from collections.abc import Callable
 
 from servefleet.core.errors import Exit
+from servefleet.core.releases import NO_PREVIOUS
 from servefleet.verbs import session as api
 from servefleet.verbs.healthgate import gate, release_of
 from servefleet.verbs.rollout_report import (
     ATTENTION,
     ROLLBACK,
     ROLLED_BACK,
+    UNTOUCHED,
     HostRollout,
     RolloutReport,
 )
@@ -57,7 +59,10 @@ def rollback(
             result=ROLLED_BACK if outcome.ok else ATTENTION,
             detail="" if outcome.ok else str(outcome.error),
         )
-    back = [n for n, o in outcomes.items() if o.ok]
+    # Nothing kept to go back to (a second rollback, say): the host was not touched; its gate
+    # says whether it needs attention.
+    nothing = {n for n, o in outcomes.items() if not o.ok and NO_PREVIOUS in str(o.error)}
+    back = [n for n, o in outcomes.items() if o.ok or n in nothing]
     if back:
         with api.session(inventory, back, data, deploy=ROLLBACK) as sess:
 
@@ -72,6 +77,9 @@ def rollback(
                 (ok, said, seconds), rel = result
                 rec.gate_s, rec.to_release = round(seconds, 1), rel
                 if not ok:
-                    rec.result, rec.detail = ATTENTION, f"gate: {said}"
+                    rec.result, rec.detail = ATTENTION, f"{rec.detail}; gate: {said}".lstrip("; ")
+                elif name in nothing:
+                    rec.result = UNTOUCHED
+                    rec.detail = f"no previous release to go back to; serving {rel}, healthy"
                 say(f"{name}: {rec.result}: {rel}")
     return report

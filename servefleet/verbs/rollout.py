@@ -40,6 +40,7 @@ from servefleet.verbs.rollout_report import (
     INCONCLUSIVE,
     ROLLBACK,
     ROLLED_BACK,
+    UNCHANGED,
     UPGRADED,
     HostRollout,
     RolloutReport,
@@ -336,12 +337,8 @@ class Rollout:
         failures = 0
         for number, group in enumerate(groups, 1):
             if self.perf.enabled:
-                self.say(
-                    f"batch {number}/{len(groups)}: {', '.join(group)}: benching the "
-                    f"release serving now (performance gate baseline)"
-                )
                 with self.session(group) as sess:
-                    self.perf.baseline(sess, group)
+                    self.perf.baseline(sess, group, f"batch {number}/{len(groups)}")
             else:
                 self.perf.off.update({n: OFF_BY_FLAG for n in group})
             self.say(f"batch {number}/{len(groups)}: {', '.join(group)}: converging {self.deploy}")
@@ -376,6 +373,9 @@ class Rollout:
                     if name in held:
                         rec.result = INCONCLUSIVE
                         self.say(f"{name}: held on {rec.to_release}, healthy; {rec.perf}")
+                    elif name not in failed and rec.from_release == rec.to_release:
+                        rec.result = UNCHANGED  # the data asked for the release it serves
+                        self.say(f"{name}: unchanged, {rec.to_release} (gate {rec.gate_s} s)")
                     elif name not in failed:
                         rec.result = UPGRADED
                         self.say(

@@ -16,6 +16,8 @@ UPGRADED, ROLLED_BACK, UNTOUCHED, ATTENTION = (
     "untouched",
     "needs attention",
 )
+# Healthy, on the release it served before: the data asked for nothing new (no change, no gate).
+UNCHANGED = "unchanged"
 # Healthy on the new release, but the performance gate could not tell whether it is slower:
 # the host stays on it, and it counts neither as upgraded nor as failed.
 INCONCLUSIVE = "inconclusive"
@@ -53,7 +55,7 @@ class RolloutReport:
         results = {h.result for h in self.hosts.values()}
         if ATTENTION in results:
             return Exit.NEEDS_ATTENTION
-        return Exit.OK if results <= {self.wanted} and self.hosts else Exit.DIFFERS
+        return Exit.OK if results <= {self.wanted, UNCHANGED} and self.hosts else Exit.DIFFERS
 
     def to_dict(self) -> dict:
         return {

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from servefleet.core import llamacpp as llama_logic, vllm as vllm_logic
 from servefleet.core.inventory import ROLES
 from servefleet.core.layout import NodeLayout, api_url
+from servefleet.core.releases import what_differs
 from servefleet.facts.llamacpp import LlamaBuilds
 from servefleet.facts.models import VerifiedModel, record_args
 from servefleet.facts.node import GpuMemoryUsed, MemoryBytes
@@ -100,12 +101,17 @@ def node_status(host) -> NodeStatus:
             st.revision = f"{current.model_revision} -> {str(current.model_sha)[:12]}"
         st.release = current.short if current else None
         prev = records.previous_release
-        st.previous_release = prev.short if prev else None
+        st.previous_release = (
+            (what_differs(current, prev) if current else prev.short) if prev else None
+        )
         st.release_perf, st.previous_release_perf = (
             current.perf if current else None,
             prev.perf if prev else None,
         )
-        st.rolled_back_from = records.rolled_back_from.short if records.rolled_back_from else None
+        back = records.rolled_back_from
+        st.rolled_back_from = (
+            (what_differs(current, back) if current else back.short) if back else None
+        )
     mem = host.get_fact(MemoryBytes)
     st.memory_total_gib = round(mem["total"] / 1024**3, 1)
     st.memory_used_gib = round((mem["total"] - mem["available"]) / 1024**3, 1)

@@ -7,6 +7,7 @@ from servefleet.core.errors import DataError, Exit
 from servefleet.verbs.rollout_report import (
     ATTENTION,
     ROLLED_BACK,
+    UNCHANGED,
     UNTOUCHED,
     UPGRADED,
     HostRollout,
@@ -56,6 +57,8 @@ def report(*results: str) -> RolloutReport:
     "results, code",
     [
         ((UPGRADED, UPGRADED), Exit.OK),
+        ((UNCHANGED, UPGRADED), Exit.OK),  # the data asked for what one host serves already
+        ((UNCHANGED,), Exit.OK),
         ((UPGRADED, ROLLED_BACK), Exit.DIFFERS),
         ((UPGRADED, UNTOUCHED), Exit.DIFFERS),  # --max-failures stopped it: the rest untouched
         ((ROLLED_BACK, ATTENTION), Exit.NEEDS_ATTENTION),
