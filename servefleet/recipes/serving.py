@@ -42,9 +42,9 @@ def api_key(env_file: str | None = None, env_var: str | None = None) -> object:
     that reads its key from the environment, env_file holding `env_var=KEY` (root 0600, an
     EnvironmentFile=). Without api_key_file, neither exists."""
     data, lay = base.data(), base.layout()
-    files = [lay.api_key_file] + ([env_file] if env_file else [])
+    paths = [lay.api_key_file] + ([env_file] if env_file else [])
     if not data.get("api_key_file"):
-        return AnyChanged([files.absent(name=f"No API key file {p}", path=p) for p in files])
+        return AnyChanged([files.absent(name=f"No API key file {p}", path=p) for p in paths])
     key = read_secret(data["api_key_file"])
     ops = [
         files.upload(
