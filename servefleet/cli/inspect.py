@@ -72,16 +72,19 @@ def _show_gguf(console: Console, path: Path, lint: GgufLint) -> None:
     if lint.defect is None:
         console.print("[green]block_count matches the blk.N tensors[/green]")
         return
+    highest = lint.highest_block
+    if highest is None:  # lint_gguf compares block_count with blk.N tensors only where there are
+        raise ValueError(f"{path}: defect {lint.defect} reported without blk.N tensors")
     if lint.defect == "uncounted_blocks_missing":
         console.print(
             f"[red]defect[/red] {lint.defect}: block_count {lint.block_count} counts blocks the file "
             f"does not hold (highest blk index {lint.highest_block}); llama.cpp fails with "
-            f"'blk.{lint.highest_block + 1}.attn_norm.weight' not found"
+            f"'blk.{highest + 1}.attn_norm.weight' not found"
         )
     else:
         console.print(
             f"[red]defect[/red] {lint.defect}: tensors for blk.0..blk.{lint.highest_block} "
-            f"({lint.highest_block + 1} blocks) but block_count is {lint.block_count}"
+            f"({highest + 1} blocks) but block_count is {lint.block_count}"
         )
     console.print(
         f"fix: llama-server --override-kv {override_kv_flag(lint)}", soft_wrap=True, markup=False

@@ -26,6 +26,8 @@ def model_name(repo: str | None) -> str | None:
 
 
 def render(nodes, wide: bool = False) -> str:
+    headers: tuple[str, ...]
+    rows: list[tuple[object, ...]]
     if wide:
         headers = (
             "host",

@@ -34,7 +34,7 @@ def load_group(name: str, cwd: str | Path = ".") -> dict | None:
 
 
 def _imported_names(path: Path) -> set[str]:
-    names = set()
+    names: set[str] = set()
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)

@@ -87,7 +87,11 @@ def read_model(config: dict, mamba_ssm_cache_dtype: str = "auto") -> HybridModel
         mapping = text if mapping is None else mapping
         pre = prefix if pre is None else pre
         value = mapping[key]
-        if not isinstance(value, Integral) or isinstance(value, bool) or not 0 < value <= limit:
+        if (
+            not isinstance(value, Integral)
+            or isinstance(value, bool)
+            or not 0 < int(value) <= limit
+        ):
             raise ValueError(
                 f"{pre}{key} = {show_value(value)}: expected a positive integer"
                 + ("" if limit == MAX_CONFIG_INT else f" of at most {limit}")

@@ -31,6 +31,8 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
+from servefleet.core.errors import DataError
+
 UNIT_DIR = "/etc/systemd/system"
 VLLM_UNIT = "servefleet-vllm.service"
 LLAMA_UNIT = "servefleet-llama.service"
@@ -61,7 +63,7 @@ class NodeLayout:
         """The layout a host's data describes (host.data or a dict)."""
         get = data.get if hasattr(data, "get") else (lambda k: getattr(data, k, None))
         return cls(
-            root=get("servefleet_root"),
+            root=_required(get, "servefleet_root"),
             user=get("servefleet_user") or "servefleet",
             models_root=get("models_root") or "",
             depot_store=get("depot_store") or "",
@@ -286,4 +288,12 @@ def check_host(address: str) -> str:
 def api_url(data) -> str:
     """The API's base URL as seen from the node itself."""
     get = data.get if hasattr(data, "get") else (lambda k: getattr(data, k, None))
-    return f"http://{check_host(get('service_host'))}:{get('service_port')}"
+    return f"http://{check_host(_required(get, 'service_host'))}:{get('service_port')}"
+
+
+def _required(get, key: str) -> str:
+    """A key the data always has (group_data/all.py sets it, the contract checks it)."""
+    value = get(key)
+    if value is None:
+        raise DataError(f"{key} is not set in this host's data (group_data/all.py sets it)")
+    return value

@@ -114,7 +114,9 @@ def parse_builds(lines: list[str]) -> Builds:
 
 def build_present(builds: Builds, name: str, commit: str, cmake_flags: dict) -> bool:
     rec = builds.records.get(name)
-    return bool(rec) and rec.get("commit") == commit and rec.get("cmake_flags") == cmake_flags
+    if not rec:
+        return False
+    return rec.get("commit") == commit and rec.get("cmake_flags") == cmake_flags
 
 
 def parse_nvcc(lines: list[str]) -> dict | None:

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from typing import TypeGuard
 from urllib.parse import quote
 
 from servefleet.core import node_output, records
@@ -37,7 +38,7 @@ def matches(path: str, include: list[str]) -> bool:
 MAX_NAME, MAX_PATH, MAX_DEPTH = 200, 1024, 16
 
 
-def safe_repo_path(path) -> bool:
+def safe_repo_path(path: object) -> TypeGuard[str]:
     """A file path a hub or depot may name: relative, normal, no '..', no control characters,
     names and the path short enough for any node's file system."""
     return (
@@ -106,7 +107,8 @@ def _refuse_constant(name: str):
 def _read_bounded(resp, deadline: float, timeout: float, what: str) -> bytes:
     """The body, at most MAX_BODY bytes, all of it within the request's deadline (a hub that
     drips one byte at a time cannot hold the run: the socket timeout is per read)."""
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         if time.monotonic() > deadline:
             raise HubError(f"{what}: the hub's answer took longer than {timeout:g} s; refused")
@@ -182,11 +184,12 @@ def hub_commit(
             timeout,
             what,
         )
-        sha = doc.get("sha") if isinstance(doc, dict) else None
-        if not isinstance(sha, str) or not SHA_RE.fullmatch(sha):
+        found = doc.get("sha") if isinstance(doc, dict) else None
+        if not isinstance(found, str) or not SHA_RE.fullmatch(found):
             raise HubError(f"{what}: the hub's answer has no commit sha")
+        sha = found
     out: list[HubFile] = []
-    url = f"{endpoint}/api/models/{repo_id}/tree/{sha}?recursive=true"
+    url: str | None = f"{endpoint}/api/models/{repo_id}/tree/{sha}?recursive=true"
     seen: set[str] = set()
     while url:
         if url in seen or len(seen) >= MAX_PAGES:
@@ -218,7 +221,9 @@ def _hub_file(entry: dict, what: str) -> HubFile:
         )
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise HubError(f"{what}: the hub lists {path} with size {size!r}; refused")
-    lfs = entry.get("lfs") if isinstance(entry.get("lfs"), dict) else {}
+    lfs = entry.get("lfs")
+    if not isinstance(lfs, dict):
+        lfs = {}
     sha256 = lfs.get("oid") or lfs.get("sha256")
     oid = entry.get("oid", "")
     if sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", str(sha256)):
@@ -291,9 +296,10 @@ LISTING_UNREADABLE = "(the directory's listing could not be read in full)"
 
 def satisfies(record: dict | None, repo_id: str, sha: str, include: list[str]) -> bool:
     """Does a verified record already hold repo_id at sha with these include patterns?"""
+    if not record:
+        return False
     return (
-        bool(record)
-        and record.get("repo_id") == repo_id
+        record.get("repo_id") == repo_id
         and record.get("sha") == sha
         and sorted(record.get("include") or []) == sorted(include)
     )

@@ -74,9 +74,9 @@ def account_problem(key: str, name: str, found: dict, home: str, shell: str) -> 
     exists is refused: None when fine, else the problem in one line."""
     user, group = found.get("user"), found.get("group")
     what = f"key {key!r} = {name!r}"
-    if user is None and group is None:
-        return None
     if user is None:
+        if group is None:
+            return None
         return (
             f"{what}: a group {name!r} (gid {group['gid']}) exists on this node and is not "
             f"servefleet's; expected a name that no account or group has yet"

@@ -13,6 +13,7 @@ import json
 import posixpath
 import re
 import shlex
+from typing import Literal, overload
 
 from servefleet.core.node_output import ENCODE, NodeOutputError, decode
 
@@ -120,6 +121,13 @@ UNIT_NAME = re.compile(r"servefleet-[a-z0-9][a-z0-9-]{0,62}\.service")
 HEX = re.compile(r"[0-9a-f]+")
 
 
+# optional=False (the default) never answers None: a missing or null field is a RecordError.
+@overload
+def text(
+    doc: dict, key: str, what: str, limit: int = ..., optional: Literal[False] = ...
+) -> str: ...
+@overload
+def text(doc: dict, key: str, what: str, limit: int = ..., *, optional: bool) -> str | None: ...
 def text(doc: dict, key: str, what: str, limit: int = 1024, optional: bool = False) -> str | None:
     value = doc.get(key)
     if value is None and optional:
@@ -139,6 +147,14 @@ def abs_path(doc: dict, key: str, what: str) -> str:
     return value
 
 
+@overload
+def hex_text(
+    doc: dict, key: str, what: str, lengths: tuple[int, ...], optional: Literal[False] = ...
+) -> str: ...
+@overload
+def hex_text(
+    doc: dict, key: str, what: str, lengths: tuple[int, ...], *, optional: bool
+) -> str | None: ...
 def hex_text(
     doc: dict, key: str, what: str, lengths: tuple[int, ...], optional: bool = False
 ) -> str | None:

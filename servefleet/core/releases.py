@@ -24,7 +24,7 @@ NO_PREVIOUS = "has no previous release to roll back to"
 
 ENGINES = ("vllm", "llama.cpp")
 # A release's health check, as recipes/serving.py gate_args writes it: key -> allowed types.
-GATE_TYPES = {
+GATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "script": str,
     "python": str,
     "url": str,
@@ -194,10 +194,11 @@ class Releases:
             raise RecordError(
                 f"the release records: 'previous' is not a list of at most {MAX_KEPT}"
             )
-        kept = tuple(
+        read = tuple(
             Release.from_json(d, f"previous release {i + 1}") for i, d in enumerate(previous)
         )
-        if any(r is None for r in kept):
+        kept = tuple(r for r in read if r is not None)
+        if len(kept) != len(read):
             raise RecordError("the release records: a previous release is null")
         return cls(
             Release.from_json(doc.get("current"), "the current release"),
@@ -267,17 +268,20 @@ def with_perf(releases: Releases, release_id: str, perf: dict) -> Releases | Non
     """The records with `perf` on the kept release of that id (None when none has it)."""
     found = False
 
-    def put(r: Release | None) -> Release | None:
+    def put(r: Release) -> Release:
         nonlocal found
-        if r is not None and r.id == release_id:
+        if r.id == release_id:
             found = True
             return replace(r, perf=perf)
         return r
 
+    def put_optional(r: Release | None) -> Release | None:
+        return None if r is None else put(r)
+
     updated = Releases(
-        put(releases.current),
+        put_optional(releases.current),
         tuple(put(r) for r in releases.previous),
-        put(releases.rolled_back_from),
+        put_optional(releases.rolled_back_from),
     )
     return updated if found else None
 

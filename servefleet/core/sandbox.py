@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 
 from servefleet.core import systemd as sd
 
@@ -39,7 +40,7 @@ SYSCALL_WORD = re.compile(r"~?@?[a-z][a-z0-9_-]{0,63}")
 
 
 def properties(
-    read_write_paths: list[str],
+    read_write_paths: Sequence[str],
     gpu: bool,
     memory_deny_write_execute: bool,
     syscall_filter=DEFAULT_SYSCALL_FILTER,

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import secrets
 import weakref
+from typing import TypeVar
 
-from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import FactBase, Host, StringCommand
 from pyinfra.api.state import BaseStateCallback
 
 from servefleet.core.batch import split_batch
@@ -69,7 +70,11 @@ def _key(cls, kwargs: dict) -> tuple:
     return (cls, _frozen(kwargs))
 
 
-class Batch(FactBase):
+T = TypeVar("T")
+Answers = dict[int, tuple[bool, list[str]]]  # {index: (exit status was 0, stdout lines)}
+
+
+class Batch(FactBase[Answers]):
     """The answers of several facts, by their position: ``[(ok, stdout lines), ...]``."""
 
     def command(self, nonce: str, commands: tuple[str, ...]) -> str:
@@ -82,14 +87,14 @@ class Batch(FactBase):
         )
 
     @staticmethod
-    def default():
+    def default() -> Answers:
         return {}  # pyinfra's answer for no output: every fact is then read again alone
 
-    def process(self, output: list[str]):
+    def process(self, output: list[str]) -> Answers:
         return split_batch(output, self.nonce)
 
 
-def plan(host, facts: list[tuple[type[FactBase], dict]]) -> None:
+def plan(host: Host, facts: list[tuple[type[FactBase], dict]]) -> None:
     """Facts `host`'s steps will read (fact class, keyword arguments): read together on the
     first read of any. Adds to what is planned already."""
     if not any(isinstance(h, _ForgetAfterCommands) for h in host.state.callback_handlers):
@@ -101,7 +106,7 @@ def plan(host, facts: list[tuple[type[FactBase], dict]]) -> None:
             keys.append(key)
 
 
-def forget(host) -> None:
+def forget(host: Host) -> None:
     """The node changed: the next read of a planned fact reads them all again."""
     _ANSWERS.pop(host, None)
 
@@ -113,7 +118,7 @@ def _text(command) -> str:
     return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
 
 
-def command_of(cls, kwargs: dict) -> str:
+def command_of(cls: type[FactBase], kwargs: dict) -> str:
     """The shell command `cls` runs for these arguments, as text; guarded by its
     requires_command as pyinfra guards it (a marker line when the tool is missing)."""
     fact = cls()
@@ -127,7 +132,7 @@ def command_of(cls, kwargs: dict) -> str:
     return command
 
 
-def answers(keys: list, results: dict) -> dict:
+def answers(keys: list, results: Answers) -> dict:
     """{key: value} from a Batch answer: each fact's own parser on its own stdout; its default
     where it failed or printed nothing (as pyinfra's get_fact)."""
     values = {}
@@ -143,7 +148,7 @@ def answers(keys: list, results: dict) -> dict:
     return values
 
 
-def get(host, cls: type[FactBase], **kwargs):
+def get(host: Host, cls: type[FactBase[T]], **kwargs) -> T:
     """The fact's value: from the batch when it is planned, else `host.get_fact`. The first
     read of a planned fact without an answer reads every planned fact without one."""
     key = _key(cls, kwargs)

@@ -7,12 +7,12 @@ import re
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
-class RegularFileSha256(FactBase):
+class RegularFileSha256(FactBase[tuple[str, str | None] | None]):
     """``("file", sha256)`` of a regular file, never through a symlink; ``("absent", None)``;
     or ``(what it is, None)``: ``symbolic link``, ``directory``, ``fifo``, ... Anything but a
     regular file is only stat'ed, never opened: sha256sum would wait forever on a FIFO."""
 
-    def command(self, path: str):
+    def command(self, path: str) -> StringCommand:
         return StringCommand(
             "f=",
             QuoteString(path),
@@ -21,7 +21,7 @@ class RegularFileSha256(FactBase):
             _separator="",
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> tuple[str, str | None] | None:
         line = " ".join(output).strip()
         if line.startswith("file "):
             digest = line.split()[1]

@@ -6,14 +6,14 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from servefleet.core.llamacpp import parse_builds, parse_lint, parse_nvcc
+from servefleet.core.llamacpp import Builds, Lint, parse_builds, parse_lint, parse_nvcc
 
 
-class LlamaBuilds(FactBase):
+class LlamaBuilds(FactBase[Builds]):
     """The llama.cpp builds installed under `llama_dir` (each prefix's build.json) and where
     its `current` link points."""
 
-    def command(self, llama_dir: str):
+    def command(self, llama_dir: str) -> str:
         d = shlex.quote(llama_dir)
         return (
             f'for f in {d}/*/build.json; do [ -f "$f" ] && '
@@ -21,31 +21,31 @@ class LlamaBuilds(FactBase):
             f'done; printf "current %s\\n" "$(readlink {d}/current 2>/dev/null)"; true'
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> Builds:
         return parse_builds(output)
 
 
-class Nvcc(FactBase):
+class Nvcc(FactBase[dict | None]):
     """The CUDA compiler: on PATH or in /usr/local/cuda/bin; None when there is none."""
 
-    def command(self):
+    def command(self) -> str:
         return (
             'for n in nvcc /usr/local/cuda/bin/nvcc; do p=$(command -v "$n") && '
             '{ echo "$p"; "$p" --version; break; }; done; true'
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> dict | None:
         return parse_nvcc(output)
 
 
-class GgufLint(FactBase):
+class GgufLint(FactBase[Lint]):
     """The GGUF lint (servefleet/core/lint/gguf_lint.py) of a file on the node, run as the
     service user: the file is the service's, and root never parses what it can write.
 
     `Lint.flag` is the one comma-separated --override-kv value, None for a correct file.
     """
 
-    def command(self, python: str, script: str, path: str, user: str):
+    def command(self, python: str, script: str, path: str, user: str) -> str:
         py, sc, p, u = (shlex.quote(x) for x in (python, script, path, user))
         return (
             f"if [ ! -f {p} ]; then echo absent; "
@@ -55,5 +55,5 @@ class GgufLint(FactBase):
             'echo "ok $out"; else echo "error $out"; fi'
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> Lint:
         return parse_lint(output)

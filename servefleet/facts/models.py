@@ -10,6 +10,7 @@ root's state/ (NodeLayout.model_record), where the engine cannot forge it.
 from __future__ import annotations
 
 import shlex
+from typing import TypeVar
 
 from pyinfra.api import FactBase
 
@@ -48,8 +49,11 @@ _LIST = (
 )
 
 
-class _ModelRecordBase(FactBase):
-    def command(self, path, record, user):
+T = TypeVar("T")
+
+
+class _ModelRecordBase(FactBase[T]):
+    def command(self, path: str, record: str, user: str) -> str:
         r = shlex.quote(record)
         return (
             f"if [ -f {r} ] && [ ! -L {r} ]; then head -c {records.MAX_BYTES + 1} {r} "
@@ -57,24 +61,24 @@ class _ModelRecordBase(FactBase):
         )
 
 
-class VerifiedModel(_ModelRecordBase):
+class VerifiedModel(_ModelRecordBase[dict | None]):
     """The record a verified download left for path in root's state (repo_id, revision, sha,
     include, files {path: size}, sha256 {path: hex}, source, verified_at), or None: no record,
     a recorded file is now missing or of another size (truncated), or the directory holds a
     file the record does not list."""
 
-    def process(self, output):
+    def process(self, output: list[str]) -> dict | None:
         return parse_verified(output)
 
 
-class ModelRecordFiles(_ModelRecordBase):
+class ModelRecordFiles(_ModelRecordBase[tuple[dict | None, dict[str, int]]]):
     """The raw read: (record or None, {path: size on disk}), to say why a record is invalid."""
 
     @staticmethod
-    def default():
+    def default() -> tuple[dict | None, dict[str, int]]:
         return None, {}
 
-    def process(self, output):
+    def process(self, output: list[str]) -> tuple[dict | None, dict[str, int]]:
         return split_record(output)
 
 
@@ -89,15 +93,19 @@ _READ = (
 )
 
 
-class ModelFile(FactBase):
+# A ModelFile answer when the file is there: (why it was not read, None) or (None, its text).
+FileRead = tuple[str, None] | tuple[None, str]
+
+
+class ModelFile(FactBase[FileRead | None]):
     """A file of a model directory, read as its owner: None when absent, else (problem, text):
     problem is None or why it was not read (a symlink, not a regular file, larger than
     max_bytes)."""
 
-    def command(self, path, user, max_bytes):
+    def command(self, path: str, user: str, max_bytes: int) -> str:
         return _as_user(user, _READ, path, str(int(max_bytes) + 1))
 
-    def process(self, output):
+    def process(self, output: list[str]) -> FileRead | None:
         if not output or not output[0].startswith(FILE_MARKER):
             return None
         status = output[0][len(FILE_MARKER) :].strip()
@@ -111,11 +119,10 @@ class ModelFile(FactBase):
             return (f"{exc}: refused", None)
 
 
-def file_problem(result, max_bytes: int) -> tuple[str | None, str | None]:
+def file_problem(result: FileRead | None, max_bytes: int) -> tuple[str | None, str | None]:
     """(problem, text) of a ModelFile result read with max_bytes (None: the file is absent)."""
     if result is None:
         return None, None
-    problem, text = result
-    if problem is None and len(text.encode()) > max_bytes:
+    if result[0] is None and len(result[1].encode()) > max_bytes:
         return f"larger than {max_bytes} bytes: refused", None
-    return problem, text
+    return result

@@ -9,6 +9,7 @@ from servefleet.core import node_output
 from servefleet.core.node import (
     NVIDIA_SMI_QUERY,
     PATH_CHAIN_FORMAT,
+    Gpu,
     parse_account,
     parse_installed_debs,
     parse_meminfo,
@@ -19,81 +20,81 @@ from servefleet.core.node import (
 )
 
 
-class OsRelease(FactBase):
+class OsRelease(FactBase[dict]):
     """`/etc/os-release` as a dict, plus `family` (ubuntu | debian | the ID)."""
 
-    def command(self):
+    def command(self) -> str:
         return "cat /etc/os-release"
 
-    def process(self, output):
+    def process(self, output: list[str]) -> dict:
         return parse_os_release(output)
 
 
-class CpuArch(FactBase):
+class CpuArch(FactBase[str]):
     """`uname -m`: x86_64 or aarch64."""
 
-    def command(self):
+    def command(self) -> str:
         return "uname -m"
 
 
-class MemoryBytes(FactBase):
+class MemoryBytes(FactBase[dict]):
     """Total and available system memory in bytes, from /proc/meminfo."""
 
-    def command(self):
+    def command(self) -> str:
         return "cat /proc/meminfo"
 
-    def process(self, output):
+    def process(self, output: list[str]) -> dict:
         return parse_meminfo(output)
 
 
-class FreeDiskBytes(FactBase):
+class FreeDiskBytes(FactBase[int]):
     """Free bytes on the filesystem that holds path (or its nearest existing parent)."""
 
-    def command(self, path):
+    def command(self, path: str) -> StringCommand:
         # The servefleet root may not exist yet: walk up to the directory that will hold it.
         return StringCommand(
             StringCommand("p=", QuoteString(path), _separator=""),
             '; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -P -B1 "$p" | tail -n 1',
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> int:
         return int(output[-1].split()[3])
 
 
-class NvidiaGpus(FactBase):
+class NvidiaGpus(FactBase[list[Gpu]]):
     """GPUs as nvidia-smi lists them; [] on a host without nvidia-smi (no warning: a host
     without a GPU is an answer, not an ordering error)."""
 
     default = list
 
-    def command(self):
+    def command(self) -> str:
         return f"if command -v nvidia-smi >/dev/null 2>&1; then {NVIDIA_SMI_QUERY}; fi; true"
 
-    def process(self, output):
+    def process(self, output: list[str]) -> list[Gpu]:
         return parse_nvidia_smi(output)
 
 
-class GpuMemoryUsed(FactBase):
+class GpuMemoryUsed(FactBase[list[float]]):
     """MiB in use on each GPU ([] without nvidia-smi)."""
 
     default = list
 
-    def command(self):
+    def command(self) -> str:
         return (
             "if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi "
             "--query-gpu=memory.used --format=csv,noheader,nounits; fi; true"
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> list[float]:
         return [float(x) for x in output if x.strip().replace(".", "", 1).isdigit()]
 
 
-class DirEntries(FactBase):
+class DirEntries(FactBase[list[str]]):
     """Names directly under a directory ([] when it does not exist)."""
 
     default = list
 
-    def command(self, path):
+    def command(self, path: str) -> StringCommand:
         # Names as bytes (core.node_output): a newline or a non-UTF-8 byte stays in its name.
         return StringCommand(
             "find",
@@ -102,35 +103,35 @@ class DirEntries(FactBase):
             f"2>/dev/null | {node_output.ENCODE}",
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> list[str]:
         return sorted(node_output.names(node_output.decode(output, "a directory's names")))
 
 
-class InstalledDebs(FactBase):
+class InstalledDebs(FactBase[set[str]]):
     """Which of the named Debian packages are installed (dpkg's status ``ii``): a set. Asks
     dpkg about these names only, instead of listing every package."""
 
     default = set
 
-    def command(self, names: tuple[str, ...]):
+    def command(self, names: tuple[str, ...]) -> StringCommand:
         return StringCommand(
             "dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'",
             *[QuoteString(n) for n in names],
             "2>/dev/null; true",
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> set[str]:
         return parse_installed_debs(output)
 
 
-class Account(FactBase):
+class Account(FactBase[dict]):
     """A system account, its group and the groups it is in: ``{"user": passwd fields or None,
     "group": group fields or None, "groups": [names]}`` (``getent`` and ``id``: local files or
     whatever NSS the node uses)."""
 
     default = dict
 
-    def command(self, user: str, group: str):
+    def command(self, user: str, group: str) -> StringCommand:
         return StringCommand(
             "getent passwd",
             QuoteString(user),
@@ -144,29 +145,29 @@ class Account(FactBase):
             "true",
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> dict:
         return parse_account(output)
 
 
-class PathStat(FactBase):
+class PathStat(FactBase[dict | None]):
     """Type, owner, group and mode of a path, not following a final symlink:
     ``{"type": "directory", "user": "root", "group": "root", "mode": "755"}``, or None."""
 
-    def command(self, path: str):
+    def command(self, path: str) -> StringCommand:
         return StringCommand("stat -c '%F|%U|%G|%a' --", QuoteString(path), "2>/dev/null; true")
 
-    def process(self, output):
+    def process(self, output: list[str]) -> dict | None:
         return parse_path_stat(output)
 
 
-class PathChain(FactBase):
+class PathChain(FactBase[dict | None]):
     """Owner and mode of a path and of every directory above it up to /, not following
     symlinks, then the same for the path it resolves to (``readlink -m``): whoever may change
     any of them may change what is there. ``{"W": [...], "R": [...]}``, each component as
     ``{"type", "uid", "user", "mode", "path"}``, missing ones left out; None when unread
     (servefleet.core.node.parse_path_chain)."""
 
-    def command(self, path: str):
+    def command(self, path: str) -> StringCommand:
         # The chain by parameter expansion (no dirname per level), one stat for all of it.
         return StringCommand(
             StringCommand("w=", QuoteString(path), _separator=""),
@@ -175,5 +176,5 @@ class PathChain(FactBase):
             f'p=$q; done; stat -c "$t|{PATH_CHAIN_FORMAT}" -- "$@" 2>/dev/null; done; true',
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> dict | None:
         return parse_path_chain(output)

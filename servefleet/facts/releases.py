@@ -10,14 +10,14 @@ from servefleet.core import records as rc
 from servefleet.core.releases import Releases, RolloutMarker
 
 
-class RunningRelease(FactBase):
+class RunningRelease(FactBase[str | rc.Unreadable | None]):
     """The id of the release the service was last started with and found healthy, or None;
     core.records.Unreadable when running.json is there but is not {"release": "<12 hex>"}."""
 
-    def command(self, path: str):
+    def command(self, path: str) -> str:
         return rc.read_command(path)
 
-    def process(self, output):
+    def process(self, output: list[str]) -> str | rc.Unreadable | None:
         try:
             doc = rc.load(rc.from_node(output, "running.json"), "running.json")
             if doc is None:
@@ -28,29 +28,29 @@ class RunningRelease(FactBase):
             return rc.Unreadable(str(exc))
 
 
-class RolloutMarkerFact(FactBase):
+class RolloutMarkerFact(FactBase[RolloutMarker | rc.Unreadable | None]):
     """The in-progress rollout marker of a node, None, or core.records.Unreadable."""
 
-    def command(self, path: str):
+    def command(self, path: str) -> str:
         return rc.read_command(path)
 
-    def process(self, output):
+    def process(self, output: list[str]) -> RolloutMarker | rc.Unreadable | None:
         try:
             return RolloutMarker.loads(rc.from_node(output, "rollout.json"))
         except rc.RecordError as exc:
             return rc.Unreadable(str(exc))
 
 
-class NodeReleases(FactBase):
+class NodeReleases(FactBase[Releases]):
     """The releases.json of a node as `Releases`: empty when there is none, with `unreadable`
     set when it is there but cannot be read."""
 
     default = Releases
 
-    def command(self, path: str):
+    def command(self, path: str) -> str:
         return rc.read_command(path)
 
-    def process(self, output):
+    def process(self, output: list[str]) -> Releases:
         try:
             return Releases.loads(rc.from_node(output, "the release records"))
         except rc.RecordError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from typing import TypedDict
 
 from pyinfra.api import FactBase
 
@@ -19,15 +20,25 @@ _PROPS = (
 )
 
 
-class UnitState(FactBase):
-    """{"exists", "active", "enabled", "active_state", "sub_state", "restarts", "invocation"}
-    of one unit."""
+class UnitStatus(TypedDict):
+    exists: bool  # LoadState=loaded
+    active: bool  # ActiveState=active
+    enabled: bool  # UnitFileState=enabled or enabled-runtime
+    active_state: str
+    sub_state: str
+    restarts: int  # NRestarts
+    invocation: str  # InvocationID
 
-    def command(self, unit: str):
+
+class UnitState(FactBase[UnitStatus]):
+    """{"exists", "active", "enabled", "active_state", "sub_state", "restarts", "invocation"}
+    of one unit (UnitStatus)."""
+
+    def command(self, unit: str) -> str:
         props = ",".join(_PROPS)
         return f"systemctl show -p {props} {shlex.quote(unit)} 2>/dev/null || true"
 
-    def process(self, output):
+    def process(self, output: list[str]) -> UnitStatus:
         raw = dict(line.split("=", 1) for line in output if "=" in line)
         return {
             "exists": raw.get("LoadState") == "loaded",
@@ -40,7 +51,7 @@ class UnitState(FactBase):
         }
 
     @staticmethod
-    def default():
+    def default() -> UnitStatus:
         return {
             "exists": False,
             "active": False,
@@ -52,13 +63,13 @@ class UnitState(FactBase):
         }
 
 
-class ServefleetUnits(FactBase):
+class ServefleetUnits(FactBase[list[str]]):
     """Unit files servefleet installed: servefleet-*.service in systemd's unit directory."""
 
     default = list
 
-    def command(self):
+    def command(self) -> str:
         return f"ls -1 {UNIT_DIR}/ | grep '^servefleet-.*\\.service$' || true"
 
-    def process(self, output):
+    def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if line.strip()]

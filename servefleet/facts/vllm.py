@@ -40,7 +40,7 @@ def _venv_glob(venv: str, pattern: str) -> StringCommand:
     )
 
 
-class VllmVersion(FactBase):
+class VllmVersion(FactBase[str | None]):
     """
     The version of vLLM installed in ``venv``, read from ``vllm-*.dist-info/METADATA``,
     or ``None`` when there is none.
@@ -58,7 +58,7 @@ class VllmVersion(FactBase):
         return _only_one(output, "vllm-*.dist-info")
 
 
-class VllmModelFile(FactBase):
+class VllmModelFile(FactBase[str | None]):
     """
     The path of ``vllm/model_executor/models/<filename>`` (default ``qwen3_5.py``) in the
     site-packages of ``venv``, or ``None`` when vLLM has no such file there.
@@ -72,7 +72,7 @@ class VllmModelFile(FactBase):
         return _only_one(output, "vLLM model file")
 
 
-class DistVersions(FactBase):
+class DistVersions(FactBase[dict[str, str]]):
     """
     ``{distribution: version}`` of the given distributions installed in ``venv``, read from
     their ``*.dist-info/METADATA`` headers (no import); a missing one is absent from the dict.
@@ -107,7 +107,7 @@ class DistVersions(FactBase):
         return found
 
 
-class TorchCuda(FactBase):
+class TorchCuda(FactBase[str | None]):
     """
     ``torch.version.cuda`` of the torch in ``venv`` ("13.0"; ``""`` for a CPU build), read
     from ``torch/version.py`` without importing torch (that needs the CUDA libraries), or
@@ -131,7 +131,7 @@ class TorchCuda(FactBase):
         return values[0] if values else None
 
 
-class SafetensorsBytes(FactBase):
+class SafetensorsBytes(FactBase[int]):
     """Sum of the sizes of the regular ``*.safetensors`` files in ``path``, 0 for none. Listed
     as ``user`` (the directory's owner: the engine can write it) and no symlink followed."""
 

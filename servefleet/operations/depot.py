@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gevent.lock import RLock
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import Host, operation
 
 from servefleet.core.errors import DataError
 from servefleet.core.known_hosts import PinError, host_name, pinned_keys
@@ -26,7 +26,7 @@ from servefleet.operations.files import upload
 @dataclass(frozen=True)
 class DepotHost:
     name: str
-    host: object  # the depot's pyinfra Host (facts are read on it)
+    host: Host  # the depot's pyinfra Host (facts are read on it)
     address: str  # where nodes reach it (the private network)
     port: int
     user: str
@@ -39,12 +39,12 @@ class DepotHost:
         return host_name(self.address, self.port)
 
 
-def locate(name: str) -> DepotHost:
+def locate(name: str | None) -> DepotHost:
     """The depot host by inventory name, with the host keys the operator pinned for it.
     DataError (one line, nothing changed yet: recipes call this while the deploy is prepared)
     when it is not in this run's inventory or has no pinned key."""
-    depot = host.inventory.get_host(name, default=None)
-    if depot is None:
+    depot = None if name is None else host.inventory.get_host(name, default=None)
+    if name is None or depot is None:
         raise DataError(
             f"invalid data for host {host.name}: depot_host = {name!r} is not a host of this "
             "inventory (use one that holds the depot too, e.g. inventory/fleet.py with --limit); "

@@ -185,9 +185,9 @@ def upload(
     if secret and mode.lstrip("0") not in ("600", "400", "640", "440"):
         raise ValueError(f"secret {dest}: mode {mode} lets others read it")
     stat = batch.get(host, File, path=dest)
-    same = bool(stat) and batch.get(host, Sha256File, path=dest) == hashlib.sha256(data).hexdigest()
     if (
-        same
+        stat
+        and batch.get(host, Sha256File, path=dest) == hashlib.sha256(data).hexdigest()
         and stat.get("user") == owner
         and stat.get("group") == group
         and str(stat.get("mode")) == mode.lstrip("0")

@@ -14,6 +14,7 @@ prefix, switch `current`, check the GGUF lint. Paths come from the caller (NodeL
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyinfra import host, state
@@ -43,7 +44,7 @@ def build(
     cmake_flags: dict,
     flags_hash: str,
     llama_dir: str,
-    launcher_args: list[str] = (),
+    launcher_args: Sequence[str] = (),
     jobs: int | None = None,
     ccache_dir: str | None = None,
     min_free_disk: int = 0,

@@ -8,6 +8,7 @@ from `*.dist-info/METADATA` (facts.vllm.DistVersions), torch.version.cuda from t
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 
 from pyinfra import host
 from pyinfra.api import operation
@@ -66,7 +67,7 @@ def _problems(venv: str, pins: dict, torch_cuda: str | None) -> list[str]:
 def packages(
     venv: str,
     pins: dict,
-    sources: list[str] = (),
+    sources: Sequence[str] = (),
     no_deps: bool = False,
     uv: str | None = None,
     torch_cuda: str | None = None,

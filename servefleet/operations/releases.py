@@ -104,17 +104,18 @@ def rollback(
         yield fail_host(f"{host.name}: {unreadable}; nothing was rolled back")
         return
     current = records.current
+    back: rel.Releases | None
     if current is not None and running == current.id and not force_previous:
         back = records  # an attempt that failed before installing: current is still healthy
     else:
         back = rel.rollback(records)
-    if back is None:
+    target = back.current if back is not None else None  # set whenever back is
+    if back is None or target is None:
         yield fail_host(
             f"{host.name} {rel.NO_PREVIOUS}"
             + (f" (current: {current.describe})" if current else "")
         )
         return
-    target = back.current
     try:
         probe = _probe(target)
     except sandbox.UnitReadError as exc:

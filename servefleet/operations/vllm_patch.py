@@ -114,6 +114,7 @@ def _node_state(venv: str) -> _NodeState | StringCommand:
     orig = f"{path}.orig"
     batch.plan(host, [(RegularFileSha256, {"path": path}), (RegularFileSha256, {"path": orig})])
     found = {p: batch.get(host, RegularFileSha256, path=p) for p in (path, orig)}
+    digests: dict[str, str | None] = {}  # of the regular files; None for an absent .orig
     for p, kind in found.items():
         if kind is None or kind[0] not in ("file", "absent") or (p == path and kind[0] != "file"):
             what = (
@@ -129,7 +130,8 @@ def _node_state(venv: str) -> _NodeState | StringCommand:
                 f"was changed (the patch never follows a link nor opens anything "
                 f"else). {fix}"
             )
-    sha256 = found[path][1]
+        digests[p] = kind[1]
+    sha256 = digests[path]
 
     patch = recorded_patch(version)
     if patch is None:
@@ -144,7 +146,7 @@ def _node_state(venv: str) -> _NodeState | StringCommand:
         version=version,
         path=path,
         sha256=sha256,
-        orig_sha256=found[orig][1],
+        orig_sha256=digests[orig],
         patch=patch,
     )
 

@@ -8,8 +8,9 @@ recipe includes: preflight, OS packages, the service account and the tree, the t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.facts.files import File, Sha256File
 
 from servefleet.core import contract
@@ -30,6 +31,7 @@ from servefleet.facts.node import (
 )
 from servefleet.facts.vllm import DistVersions
 from servefleet.operations import files, node, pyenv, root_paths
+from servefleet.recipes.steps import deploy
 
 # The tools venv's packages (dist-info names): uv makes the serving venvs; hf fetches models;
 # gguf reads GGUF headers for the lint.
@@ -77,7 +79,7 @@ def begin(recipe: str) -> bool:
 
 # recipe -> () -> None: what that recipe's steps read besides the base, planned by begin() so
 # that one command reads it all (each serving recipe module registers its own).
-PLANS: dict = {}
+PLANS: dict[str, Callable[[], None]] = {}
 
 
 def upload_reads(*paths: str) -> list:

@@ -11,13 +11,13 @@ for the fleet, served read-only over rsync to the nodes with model_source = "dep
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.operations import files as pyinfra_files
 
 from servefleet.core.fleetkey import depot_models, fleet_key
 from servefleet.operations import files, models as model_ops, node
 from servefleet.recipes import base
 from servefleet.recipes.models import fetch_args, model_tools
+from servefleet.recipes.steps import deploy
 
 RRSYNC = "/usr/bin/rrsync"  # rsync >= 3.2.4 ships it (Debian 12, Ubuntu 24.04)
 

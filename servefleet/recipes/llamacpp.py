@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import File
 
 from servefleet.core import llamacpp as logic
@@ -31,6 +31,7 @@ from servefleet.operations import files, llamacpp as ops
 from servefleet.recipes import base, releases, serving
 from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
 from servefleet.recipes.service import ServiceRun, systemd_service
+from servefleet.recipes.steps import deploy
 
 UNIT_TEMPLATE = "files/llamacpp/servefleet-llama.service.j2"
 PREFLIGHT_SCRIPT = "files/llamacpp/llama-preflight.sh"
@@ -76,8 +77,8 @@ base.PLANS["serve_q4_llamacpp"] = plan_reads
 class Build:
     name: str
     prefix: str
-    build: object  # OperationMeta: built in this run
-    switch: object  # OperationMeta: `current` moved in this run
+    build: OperationMeta  # built in this run
+    switch: OperationMeta  # `current` moved in this run
 
 
 @deploy("llama.cpp build packages")

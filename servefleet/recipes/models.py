@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import File
 
 from servefleet.core.fleetkey import fleet_key
@@ -27,6 +27,7 @@ from servefleet.facts.models import VerifiedModel, record_args
 from servefleet.facts.vllm import DistVersions
 from servefleet.operations import depot as depot_ops, files, models as model_ops
 from servefleet.recipes import base
+from servefleet.recipes.steps import deploy
 
 FETCHER = "files/model/fetch_model.py"
 
@@ -35,7 +36,7 @@ FETCHER = "files/model/fetch_model.py"
 class ModelRun:
     """What ensure_model did on this host; read at execution time (`did_change`)."""
 
-    fetch: object  # OperationMeta of the fetch-and-verify operation
+    fetch: OperationMeta  # the fetch-and-verify operation
     path: str  # the model directory
 
     def did_change(self) -> bool:

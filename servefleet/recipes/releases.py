@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api.operation import OperationMeta
 
 from servefleet.core.data import serving_digest
 from servefleet.core.layout import UNIT_DIR, NodeLayout
@@ -13,6 +15,7 @@ from servefleet.facts import batch
 from servefleet.facts.models import VerifiedModel, record_args
 from servefleet.operations import releases as release_ops
 from servefleet.recipes import base
+from servefleet.recipes.steps import deploy
 
 
 def build(
@@ -26,7 +29,7 @@ def build(
     gate: dict,
     probe_argv: list[str],
     commit: str | None = None,
-):
+) -> Callable[[], Release]:
     """() -> Release, read when the record operation runs (the model's sha from its record).
     gate: the release's health check (a rollout gates it, after a rollback too).
     probe_argv: the unit's sandbox probe (a rollback to this release runs it first)."""
@@ -54,7 +57,7 @@ def build(
 
 
 @deploy("Release")
-def record(release_of) -> object:
+def record(release_of: Callable[[], Release]) -> OperationMeta:
     """The node's current release, recorded; directories of releases beyond releases_keep go."""
     lay: NodeLayout = base.layout()
     return release_ops.record(

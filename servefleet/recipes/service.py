@@ -12,28 +12,31 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import server, systemd
 
 from servefleet.core.layout import NodeLayout
+from servefleet.core.releases import Release
 from servefleet.core.systemd import render_unit
 from servefleet.facts import batch
 from servefleet.facts.releases import RunningRelease
 from servefleet.operations import files, node, sandbox
 from servefleet.recipes import releases
+from servefleet.recipes.steps import Changes, deploy
 
 
 @dataclass
 class ServiceRun:
-    unit: object  # OperationMeta of the unit upload
-    ensure: object  # OperationMeta of "running/stopped + enabled"
-    restart: object  # OperationMeta of the conditional restart
+    unit: OperationMeta  # the unit upload
+    ensure: OperationMeta  # "running/stopped + enabled"
+    restart: OperationMeta  # the conditional restart
     running: bool  # data wants it running (service_state)
-    release_of: object  # () -> the Release this run installs
+    release_of: Callable[[], Release]  # the Release this run installs
 
     def started(self) -> bool:
         """True when this run started or restarted the service (call at execution time).
@@ -47,7 +50,7 @@ class ServiceRun:
 class AnyChanged:
     """Several operations as one service dependency: changed when any of them did."""
 
-    ops: list
+    ops: list[OperationMeta]
 
     def did_change(self) -> bool:
         return any(op.did_change() for op in self.ops)
@@ -64,7 +67,12 @@ def _restart_or_show_journal(unit: str) -> str:
 
 @deploy("Service")
 def systemd_service(
-    unit: str, template: str, context: dict, release_of, probe_argv: list, depends_on: list = ()
+    unit: str,
+    template: str,
+    context: dict,
+    release_of: Callable[[], Release],
+    probe_argv: list[str],
+    depends_on: Sequence[Changes] = (),
 ) -> ServiceRun:
     """
     Install `/etc/systemd/system/{unit}` from a template and keep it as data says.
@@ -119,7 +127,7 @@ def systemd_service(
         running=running,
         enabled=host.data.service_enabled,
     )
-    deps = [unit_op, *depends_on]
+    deps: list[Changes] = [unit_op, *depends_on]
     restart = server.shell(
         name=f"Restart {unit} (a dependency changed)",
         commands=[_restart_or_show_journal(unit)],

@@ -8,6 +8,7 @@ engines, the engine adds its own (vLLM: the KV comparison).
 
 from __future__ import annotations
 
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Sha1File
 
 from servefleet.core.layout import NodeLayout, api_url
@@ -37,16 +38,16 @@ def service_reads(lay: NodeLayout, unit: str) -> list:
     ]
 
 
-def api_key(env_file: str | None = None, env_var: str | None = None) -> object:
+def api_key(env_file: str | None = None, env_var: str | None = None) -> AnyChanged:
     """etc/api-key (root 0600; llama.cpp gets it through LoadCredential=), and, for an engine
     that reads its key from the environment, env_file holding `env_var=KEY` (root 0600, an
     EnvironmentFile=). Without api_key_file, neither exists."""
     data, lay = base.data(), base.layout()
-    files = [lay.api_key_file] + ([env_file] if env_file else [])
+    paths = [lay.api_key_file] + ([env_file] if env_file else [])
     if not data.get("api_key_file"):
-        return AnyChanged([files.absent(name=f"No API key file {p}", path=p) for p in files])
+        return AnyChanged([files.absent(name=f"No API key file {p}", path=p) for p in paths])
     key = read_secret(data["api_key_file"])
-    ops = [
+    ops: list[OperationMeta] = [
         files.upload(
             name=f"API key -> {lay.api_key_file} (0600)",
             dest=lay.api_key_file,

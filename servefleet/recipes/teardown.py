@@ -11,7 +11,6 @@ from __future__ import annotations
 import shlex
 
 from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 
 from servefleet.core import node_output
@@ -20,6 +19,7 @@ from servefleet.core.validate import inside
 from servefleet.facts.node import DirEntries
 from servefleet.facts.systemd import ServefleetUnits
 from servefleet.recipes import base
+from servefleet.recipes.steps import deploy
 
 
 @deploy("Stop and remove servefleet services")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import File
 
 from servefleet.core import vllm as logic
@@ -35,6 +35,7 @@ from servefleet.operations import files, pyenv, vllm_patch, vllm_preflight
 from servefleet.recipes import base, releases, serving
 from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
 from servefleet.recipes.service import ServiceRun, systemd_service
+from servefleet.recipes.steps import Changes, deploy
 
 UNIT_TEMPLATE = "files/vllm/servefleet-vllm.service.j2"
 EVICT_SCRIPT = "files/pagecache/evict.py"
@@ -78,8 +79,8 @@ base.PLANS["serve_bf16"] = plan_reads
 @dataclass
 class PythonEnv:
     venv: str
-    create: object  # OperationMeta of the venv
-    install: object  # OperationMeta of the pinned install (+ read-back check)
+    create: OperationMeta  # the venv
+    install: OperationMeta  # the pinned install (+ read-back check)
 
 
 @deploy("vLLM Python environment")
@@ -113,7 +114,7 @@ def python_env() -> PythonEnv:
 
 
 @deploy("vLLM patch")
-def patch(env: PythonEnv):
+def patch(env: PythonEnv) -> OperationMeta:
     """The language-model-only patch (servefleet.operations.vllm_patch), or vLLM's own file."""
     if host.data.vllm_patch:
         return vllm_patch.apply(
@@ -143,7 +144,7 @@ def model() -> ModelRun:
 
 
 @deploy("Page cache")
-def page_cache(run: ModelRun, depends_on: list):
+def page_cache(run: ModelRun, depends_on: list[Changes]) -> OperationMeta:
     """Evict the model's files from the page cache when policy says so and something changed."""
     data, lay = base.data(), base.layout()
     script = lay.bin("servefleet-evict-page-cache")
@@ -154,7 +155,7 @@ def page_cache(run: ModelRun, depends_on: list):
         mode="755",
     )
     applies = logic.page_cache_applies(data)
-    deps = [run, *depends_on]
+    deps: list[Changes] = [run, *depends_on]
     return vllm_preflight.evict_page_cache(
         name=f"Evict {run.path} from the page cache (policy {data['page_cache_policy']})",
         path=run.path,
@@ -176,7 +177,7 @@ def memory_preflight(run: ModelRun):
 
 
 @deploy("vLLM service")
-def service(env: PythonEnv, run: ModelRun, depends_on: list) -> ServiceRun:
+def service(env: PythonEnv, run: ModelRun, depends_on: list[Changes]) -> ServiceRun:
     data = base.data()
     executable_check(data)
     key = serving.api_key(base.layout().vllm_env_file, "VLLM_API_KEY")

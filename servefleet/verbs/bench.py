@@ -95,6 +95,8 @@ def read_result(name: str, data, ok: bool, out: str, err: str) -> NodeResult:
     why = unmeasured(raw, decode, ttft)
     if why:  # never a figure that passes: the gate measures again, then is inconclusive
         return NodeResult(name, False, f"not measured: {why}", runs=raw["runs"])
+    if decode is None:  # unmeasured() named it: a missing figure is never measured
+        raise ValueError(f"{name}: the bench's decode figure passed as measured without one")
     prompt = raw.get("prompt_tokens")
     return NodeResult(
         name,

@@ -44,6 +44,8 @@ def known_hashes() -> dict[str, str]:
     known = {}
     for version in vllm_patch.recorded_versions():
         rec = vllm_patch.recorded_patch(version)
+        if rec is None:  # recorded_versions() names the versions that have a hashes.json
+            raise FileNotFoundError(f"the recorded patch of vLLM {version}: hashes.json is gone")
         known[rec.pristine_sha256] = f"vLLM {version}'s own file"
         known[rec.patched_sha256] = f"patched for vLLM {version}"
     return known

@@ -14,6 +14,7 @@ pins or a unit file's diff, as expected-vs-found pairs read with facts.
 
 import importlib
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from pyinfra_cli.util import exec_file
 
@@ -61,8 +62,12 @@ class Report:
 
 
 # --- which operation functions are not idempotent: pyinfra keeps that on the function only ----
-# (`pyinfra.api.operation` the module is shadowed by the `operation` decorator of pyinfra.api.)
-pyinfra_operation = importlib.import_module("pyinfra.api.operation")
+# (`pyinfra.api.operation` the module is shadowed by the `operation` decorator of pyinfra.api:
+# `import ... as` binds the decorator at runtime; mypy resolves the module, as import_module does.)
+if TYPE_CHECKING:
+    import pyinfra.api.operation as pyinfra_operation
+else:
+    pyinfra_operation = importlib.import_module("pyinfra.api.operation")
 _non_idempotent_names: set[str] = set()
 _original_generate_name = pyinfra_operation.generate_operation_name
 

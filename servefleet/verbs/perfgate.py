@@ -137,7 +137,7 @@ class PerfGate:
             return state, said, after, spent
 
         todo = [h for h in sess.targets if h.name in names and h.name in self.baselines]
-        out = {}
+        out: dict[str, tuple[str, str, perf.Figures | None]] = {}
         for name, res in sess.each(one, todo).items():
             if isinstance(res, Exception):
                 out[name] = (

@@ -214,7 +214,7 @@ class Rollout:
             return [], []
         with self.session(todo) as sess:
             results = self.perf.check(sess, todo)
-        failed, held = [], []
+        failed, held = list[str](), list[str]()
         for name in todo:
             rec = self.report.hosts[name]
             state, said, after = results.get(
@@ -278,9 +278,9 @@ class Rollout:
         }
         if not back:
             return []
-        after = {n: perf.Figures.from_json(rec.perf_after) for n, rec in back.items()}
+        after = {n: f for n, rec in back.items() if (f := perf.Figures.from_json(rec.perf_after))}
         with self.session(list(back)) as sess:
-            judged = self.perf.bracket(sess, {n: f for n, f in after.items() if f})
+            judged = self.perf.bracket(sess, after)
         forward, passed = [], {}
         for name, (still, said) in judged.items():
             rec = back[name]
@@ -346,7 +346,7 @@ class Rollout:
             started = time.monotonic()
             outcomes = api.converge(self.inventory, self.deploy, group, self.data)
             took = round(time.monotonic() - started, 1)
-            failed, slower = [], []
+            failed, slower = list[str](), list[str]()
             for name in group:
                 rec, outcome = self.report.hosts[name], outcomes.get(name)
                 rec.converge_s = took

@@ -247,6 +247,8 @@ def lint_checkpoint(directory: str | Path) -> CheckpointLint:
 
     findings: list[Finding] = []
     sizes, missing = {}, []
+    total: int | None
+    source: str | None
     for shard in shard_files:
         real = _checkpoint_file(real_dir, roots, shard, directory)
         st = None if real is None else os.stat(real, follow_symlinks=False)

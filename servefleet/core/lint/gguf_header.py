@@ -11,6 +11,7 @@ import os
 import stat
 import struct
 from pathlib import Path
+from typing import NoReturn
 
 import gguf
 from gguf.constants import GGML_QUANT_SIZES, GGUFValueType
@@ -33,6 +34,7 @@ MAX_TENSOR_NAME_BYTES = 63  # llama.cpp: GGML_MAX_NAME (64) including the NUL
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset (no name, no dims)
 MIN_KV_BYTES = 8 + 4 + 1  # key length, type, the smallest value
+SHORT_STRING_BYTES = 1 << 16  # strings string() keeps: keys, names, short values
 
 _SCALAR_BYTES = {
     GGUFValueType.UINT8: 1,
@@ -84,7 +86,7 @@ class _Header:
         self.path, self.buf, self.size, self.pos = path, buf, size, 0
         self.array_items = 0
 
-    def fail(self, problem: str):
+    def fail(self, problem: str) -> NoReturn:
         raise GgufError(f"{self.path}: {problem}")
 
     def take(self, n: int, what: str) -> int:
@@ -108,7 +110,14 @@ class _Header:
         if length > limit:
             self.fail(f"{what} is {length} bytes long: more than the {limit} allowed")
         at = self.take(length, f"{what} ({length} bytes)")
-        return bytes(self.buf[at : at + length]) if length <= 1 << 16 else None
+        return bytes(self.buf[at : at + length]) if length <= SHORT_STRING_BYTES else None
+
+    def short_string(self, what: str, limit: int) -> bytes:
+        """A GGUF string of at most limit <= SHORT_STRING_BYTES bytes: its bytes."""
+        raw = self.string(what, limit)
+        if raw is None:  # string() keeps only short ones: a caller's limit above that
+            raise AssertionError(f"{what}: short_string's limit {limit} is over 64 KiB")
+        return raw
 
     def value(self, key: str, vtype: int) -> object:
         """Skip one value of type vtype; return it when it is a scalar or a short string."""
@@ -209,7 +218,7 @@ def _check_mapped(h: _Header) -> None:
 
     values: dict[str, tuple[int, object]] = {}
     for i in range(kv_count):
-        raw_key = h.string(f"key {i}", MAX_KEY_BYTES)
+        raw_key = h.short_string(f"key {i}", MAX_KEY_BYTES)
         try:
             key = raw_key.decode("utf-8")
         except UnicodeDecodeError:
@@ -223,16 +232,17 @@ def _check_mapped(h: _Header) -> None:
 
     alignment = gguf.GGUF_DEFAULT_ALIGNMENT
     if gguf.Keys.General.ALIGNMENT in values:
-        vtype, alignment = values[gguf.Keys.General.ALIGNMENT]
-        if vtype != GGUFValueType.UINT32:
+        vtype, value = values[gguf.Keys.General.ALIGNMENT]
+        if vtype != GGUFValueType.UINT32 or not isinstance(value, int):  # a uint32 is an int
             h.fail(f"{gguf.Keys.General.ALIGNMENT} is {_TYPE_NAMES[vtype]}: expected uint32")
+        alignment = value
         if not alignment or alignment & (alignment - 1):
             h.fail(f"{gguf.Keys.General.ALIGNMENT} = {alignment}: expected a power of two")
 
     tensors = []
     names = set()
     for i in range(tensor_count):
-        raw_name = h.string(f"the name of tensor {i}", 1 << 16)
+        raw_name = h.short_string(f"the name of tensor {i}", SHORT_STRING_BYTES)
         if len(raw_name) > MAX_TENSOR_NAME_BYTES:
             h.fail(
                 f"tensor {i} name {show_raw(raw_name)} is {len(raw_name)} bytes: llama.cpp allows "

@@ -41,7 +41,14 @@ try:  # in the servefleet package
 except ModuleNotFoundError:  # uploaded to a node: bin/gguf_header.py lies beside this
     # (run with python -I, which leaves the script's own directory off sys.path; bin/ is root's)
     sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
-    from gguf_header import INT_TYPES, GgufError, check_header, one_line, show_raw
+    # The same module by its file name: mypy sees the names bound twice.
+    from gguf_header import (  # type: ignore[no-redef]
+        INT_TYPES,
+        GgufError,
+        check_header,
+        one_line,
+        show_raw,
+    )
 
 UNCOUNTED_BLOCKS_MISSING = "uncounted_blocks_missing"  # block_count > highest blk index + 1
 BLOCKS_NOT_COUNTED = "blocks_not_counted"  # tensors for blocks at or past block_count
@@ -208,12 +215,13 @@ def lint_gguf(path: str | Path) -> GgufLint:
     blocks = [
         (int(m.group(1)), name) for name in _tensor_names(path, reader) if (m := _BLK.match(name))
     ]
-    highest, name = max(blocks) if blocks else (None, None)
-    if highest is not None and highest > MAX_BLOCK_INDEX:
+    top = max(blocks) if blocks else None  # (the highest block index, a tensor of it)
+    if top is not None and top[0] > MAX_BLOCK_INDEX:
         raise GgufError(
-            f"{path}: tensor {show_raw(name)} names block {show_raw(str(highest), 24)}:"
+            f"{path}: tensor {show_raw(top[1])} names block {show_raw(str(top[0]), 24)}:"
             f" more than the {MAX_BLOCK_INDEX + 1} blocks any model has"
         )
+    highest = top[0] if top is not None else None
 
     lint = GgufLint(
         arch=arch,
