@@ -33,3 +33,5 @@ health_settle_s = 3  # a crash loop shows within seconds here
 # TTFT CV 2.1 % between gate measurements; the rollout's upgrade tree (llama-cpp-python 0.3.36's)
 # decodes 8.4 % slower than b9785 there, which the default -10 % would flag half the time.
 perf_gate_decode_drop_pct = 20  # wider than the default for the testbed's upgrade tree; TTFT keeps +25 %
+perf_gate_runs = 5  # the tiny model decodes ~1,000 tok/s: more and longer requests than a real node needs
+perf_gate_max_tokens = 256  # a decode window of ~0.25 s, not 0.06 s: scheduler jitter is a smaller share

@@ -6,6 +6,11 @@ random prefix per request to defeat prefix caching, a prompt of about --prompt-t
 TTFT = first content chunk - request sent; decode tok/s = (completion_tokens - 1) /
 (t_end - t_first_token). Warm-up requests first, then --runs measured ones. Prints one JSON line.
 
+With --cgroup (the engine unit's cgroup), each figure also comes without the time the engine
+waited for a CPU that other work on the node held (the `full` stall of its cpu.pressure, PSI):
+`own_ttft_s` and `own_decode_tok_s`. The performance gate compares those where both
+measurements have them: a node busy with a compile slows the engine, not the release.
+
 Every answer is read through bin/engine_client.py (beside this script on the node): the whole
 run has one deadline (--timeout: every connect, header and body byte of every request before
 it), answers and stream lines are bounded in bytes, JSON in depth, and the engine's usage must
@@ -73,9 +78,45 @@ def tokens_per_unit(url, headers, unit, deadline):
     return len(tokens) / 50, None
 
 
-def one_request(url, headers, model, prompt, max_tokens, deadline):
+class CpuWait:
+    """The time the engine's cgroup waited for a CPU it did not get: the `full` line of its
+    cpu.pressure (PSI), the microseconds during which every runnable task of the engine was
+    waiting, none running. Work of other processes on the node (a compile, a neighbour's job)
+    shows there; the engine's own threads competing with each other do not (one of them runs).
+    No file (no PSI in the kernel, another cgroup layout): None, and the figures stay raw."""
+
+    def __init__(self, cgroup):
+        self.path = os.path.join(cgroup, "cpu.pressure") if cgroup else None
+
+    def total(self):
+        if not self.path:
+            return None
+        try:
+            with open(self.path, "rb") as handle:
+                text = handle.read(4096).decode("ascii", "replace")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            words = line.split()
+            if words and words[0] == "full":
+                for word in words[1:]:
+                    key, _, value = word.partition("=")
+                    if key == "total" and value.isdigit():
+                        return int(value) / 1e6
+        return None
+
+
+def waited(before, after):
+    return None if before is None or after is None else max(0.0, after - before)
+
+
+def one_request(url, headers, model, prompt, max_tokens, deadline, cpu=None):
     """One streamed request: its figures; a figure the answer leaves unmeasurable is None and
-    `unmeasured` says why. EngineError for an answer the reader refuses."""
+    `unmeasured` says why. EngineError for an answer the reader refuses. With `cpu` (CpuWait),
+    also the engine's CPU waits during the prefill and the decode, and the figures without
+    them (`own_`)."""
+    cpu = cpu or CpuWait(None)
+    w_first = None
     body = {
         "messages": [{"role": "user", "content": prompt}],
         "stream": True,
@@ -87,6 +128,7 @@ def one_request(url, headers, model, prompt, max_tokens, deadline):
     if model:
         body["model"] = model
     what = "the chat completion stream"
+    w_send = cpu.total()
     t_send = time.monotonic()
     answer = engine.request(
         url,
@@ -122,9 +164,11 @@ def one_request(url, headers, model, prompt, max_tokens, deadline):
                 content = engine.text(delta.get("content"), f"{what}: 'content'", optional=True)
                 if t_first is None and content:
                     t_first = time.monotonic()
+                    w_first = cpu.total()
     finally:
         answer.close()
     t_end = time.monotonic()
+    w_end = cpu.total()
     unmeasured = []
     completion = prompt_tokens = None
     if usage is None:
@@ -142,17 +186,26 @@ def one_request(url, headers, model, prompt, max_tokens, deadline):
             )
     if t_first is None:
         unmeasured.append("TTFT: the stream sent no content")
-    decode = None
+    decode = own_decode = wait_prefill = wait_decode = None
+    if t_first is not None:
+        wait_prefill, wait_decode = waited(w_send, w_first), waited(w_first, w_end)
     if completion is not None and t_first is not None:
         if completion > 1 and t_end > t_first:
             decode = (completion - 1) / (t_end - t_first)
+            if wait_decode is not None and t_end - t_first - wait_decode > 0:
+                own_decode = (completion - 1) / (t_end - t_first - wait_decode)
         else:
             unmeasured.append(f"decode: {completion} completion tokens")
+    ttft = None if t_first is None else t_first - t_send
+    own_ttft = None if ttft is None or wait_prefill is None else max(ttft - wait_prefill, 1e-6)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
-        "ttft_s": None if t_first is None else t_first - t_send,
+        "ttft_s": ttft,
         "decode_tok_s": decode,
+        "cpu_wait_s": None if wait_prefill is None else [wait_prefill, wait_decode],
+        "own_ttft_s": own_ttft,
+        "own_decode_tok_s": own_decode,
         "unmeasured": unmeasured,
     }
 
@@ -181,6 +234,10 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument(
+        "--cgroup",
+        help="the engine unit's cgroup directory: its CPU waits (PSI) are measured too",
+    )
+    ap.add_argument(
         "--timeout",
         type=float,
         default=900.0,
@@ -200,12 +257,15 @@ def main(argv=None):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     unit = " hello"
     runs = []
+    cpu = CpuWait(args.cgroup)
     try:
         per_unit, sizing = tokens_per_unit(args.url, headers, unit, deadline)
         repeats = max(1, min(int(args.prompt_tokens / max(per_unit, 0.01)), TOKENS_MAX))
         for i in range(args.warmup + args.runs):
             prompt = f"{uuid.uuid4()} " + unit * repeats  # random prefix: no prefix-cache hits
-            result = one_request(args.url, headers, args.model, prompt, args.max_tokens, deadline)
+            result = one_request(
+                args.url, headers, args.model, prompt, args.max_tokens, deadline, cpu
+            )
             if i >= args.warmup:
                 runs.append(result)
     except engine.EngineError as exc:
@@ -218,6 +278,9 @@ def main(argv=None):
                 "runs": runs,
                 "median_ttft_s": median([r["ttft_s"] for r in runs]),
                 "median_decode_tok_s": median([r["decode_tok_s"] for r in runs]),
+                # Without the engine's CPU waits (PSI; None where the node cannot tell).
+                "median_own_ttft_s": median([r["own_ttft_s"] for r in runs]),
+                "median_own_decode_tok_s": median([r["own_decode_tok_s"] for r in runs]),
                 "prompt_tokens": runs[0]["prompt_tokens"],
                 "max_tokens": args.max_tokens,
                 "unmeasured": unmeasured,

@@ -276,6 +276,11 @@ class NodeLayout:
     def unit_path(unit: str) -> str:
         return posixpath.join(UNIT_DIR, unit)
 
+    @staticmethod
+    def unit_cgroup(unit: str) -> str:
+        """A service's cgroup on a unified hierarchy (our units stay in system.slice)."""
+        return posixpath.join("/sys/fs/cgroup/system.slice", unit)
+
 
 def check_host(address: str) -> str:
     """Where a check on the node reaches an API bound to `address`: a wildcard bind answers

@@ -40,6 +40,10 @@ class NodeResult:
     roofline_ratio: float | None = None
     runs: list | None = None
     unreachable: bool = False  # not connected: error says why (exit 3, not 1)
+    # The same medians without the engine's CPU waits (stream_bench --cgroup, PSI); None where
+    # the node cannot tell.
+    median_own_ttft_s: float | None = None
+    median_own_decode_tok_s: float | None = None
 
 
 def roofline(bandwidth_bytes_per_s, bytes_per_token) -> float | None:
@@ -76,6 +80,9 @@ def bench_host(host, runs: int, prompt_tokens: int, max_tokens: int) -> NodeResu
         args += ["--model", data["served_model_name"]]
     # The key the node serves with, read there (the operator may not hold the key file).
     args += ["--api-key-file", lay.api_key_file]
+    records = host.get_fact(NodeReleases, path=lay.releases_file)
+    if records.current is not None:  # the serving unit's CPU waits (PSI) are measured too
+        args += ["--cgroup", lay.unit_cgroup(records.current.unit)]
     ok, out, err = run(host, " ".join(shlex.quote(a) for a in args))
     return read_result(host.name, data, ok, out, err)
 
@@ -108,6 +115,8 @@ def read_result(name: str, data, ok: bool, out: str, err: str) -> NodeResult:
         top,
         decode / top if top else None,
         raw["runs"],
+        median_own_ttft_s=perf.measured(raw.get("median_own_ttft_s")),
+        median_own_decode_tok_s=perf.measured(raw.get("median_own_decode_tok_s")),
     )
 
 
@@ -195,6 +204,8 @@ def compare_host(host, runs=None, prompt_tokens=None, max_tokens=None) -> Compar
     raw = {
         "median_decode_tok_s": res.median_decode_tok_s,
         "median_ttft_s": res.median_ttft_s,
+        "median_own_decode_tok_s": res.median_own_decode_tok_s,
+        "median_own_ttft_s": res.median_own_ttft_s,
         "runs": res.runs,
     }
     now = perf.figures(

@@ -63,6 +63,8 @@ def measure(host, kind: str, rollout_id: str) -> perf.Figures | str:
     raw = {
         "median_decode_tok_s": res.median_decode_tok_s,
         "median_ttft_s": res.median_ttft_s,
+        "median_own_decode_tok_s": res.median_own_decode_tok_s,
+        "median_own_ttft_s": res.median_own_ttft_s,
         "runs": res.runs,
     }
     return perf.figures(raw, w, _now(), kind, rollout_id, time.monotonic() - started)
