@@ -87,7 +87,7 @@ def test_an_old_python3_is_named_a_newer_one_used_and_an_old_venv_made_again(san
     assert venv_version(repo) == "Python 3.12.3"
     lines = log.read_text().splitlines()
     assert "apt-get" not in log.read_text(), lines
-    assert f"venv .venv Python 3.12.3" in lines and "pip 3.12.3 install -q -e .[test]" in lines
+    assert "venv .venv Python 3.12.3" in lines and "pip 3.12.3 install -q -e .[test]" in lines
 
 
 def test_no_python_new_enough_is_refused_with_what_it_found_and_what_it_needs(sandbox):
