@@ -52,6 +52,9 @@ class Line:
 def status(console: Console, phase: str) -> Iterator[Line]:
     """The status line on `console` while the block runs; yields its Line to update."""
     line = Line(phase)
+    if console.quiet:  # no live display at all: it would swallow what is printed meanwhile
+        yield line
+        return
     with console.status(line):
         yield line
 

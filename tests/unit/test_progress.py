@@ -4,6 +4,7 @@ connector), and the status line shows the phase, the operation and the clock, on
 only."""
 
 import io
+import sys
 import time
 
 from rich.console import Console
@@ -63,3 +64,12 @@ def test_nothing_is_drawn_off_a_terminal_nor_under_json():
         if isinstance(console.file, io.StringIO):
             assert console.file.getvalue() == ""
     assert progress.stderr_console(quiet=True).quiet
+
+
+def test_what_is_printed_under_a_quiet_status_line_is_not_lost(capsys):
+    # A quiet console (--json) on a terminal: rich's live display would take sys.stderr over
+    # and print it through the quiet console, i.e. nowhere.
+    console = Console(stderr=True, force_terminal=True, quiet=True)
+    with progress.status(console, "tearing down"):
+        print("servefleet rebuild: teardown done", file=sys.stderr)
+    assert capsys.readouterr().err == "servefleet rebuild: teardown done\n"
