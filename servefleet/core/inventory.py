@@ -20,7 +20,7 @@ import click
 import pyinfra
 from pyinfra_cli.util import parse_cli_arg
 
-from servefleet.core import groupdata
+from servefleet.core import groupdata, project
 from servefleet.core.data import HostData, Layer, recipe_of, validate
 from servefleet.core.errors import DataError, Exit
 from servefleet.core.fleet_yaml import FleetError, read_yaml, show as _show
@@ -218,6 +218,7 @@ def _warn_host_keys(hosts: Sequence[InventoryHost]) -> None:
 
 def validate_hosts(hosts: Sequence[InventoryHost], cwd: str | Path = ".") -> None:
     """Validate every host's whole data as pyinfra will merge it; DataError on the first bad host."""
+    project.check_group_data(cwd)  # else every default would be named as missing
     ctx = run_context()
     recipe = recipe_of(ctx.deploy)
     cache: dict[str, dict | None] = {}
@@ -257,6 +258,7 @@ def fleet_groups(inventory_file: str, roles: Sequence[str] = ROLES) -> list[list
     """
 
     def build():
+        project.check_cwd(inventory_file)  # fleet.yml and group_data/ are read from here
         file_group = Path(inventory_file).stem
         hosts = [h for h in load_fleet(fleet_path()) if h.role in roles]
         validate_hosts(

@@ -235,7 +235,9 @@ def test_no_perf_gate_lets_the_slower_release_through(llama_fleet, th):
             text=True,
             timeout=600,
         )
-    (node,) = json.loads(out.stdout)
+    doc = json.loads(out.stdout)  # --json: {"hosts": {name: ...}, "summary", "exit_code"}
+    (node,) = doc["hosts"].values()
+    assert doc["summary"]["slower"] == 1 and doc["exit_code"] == out.returncode
     assert out.returncode == 1 and node["ok"] and node["slower"], node
     assert node["previous"] == prev and node["now"]["workload"] == workload()
     assert any("FAILED" in line for line in node["lines"]), node
@@ -393,7 +395,7 @@ def test_rollback_by_hand_then_converge_returns_to_the_data(llama_fleet, th):
             text=True,
         ).stdout
     )
-    assert status[0]["rolled_back_from"].startswith(f"llama.cpp {NEWER}")
+    assert status["hosts"][host]["rolled_back_from"].startswith(f"llama.cpp {NEWER}")
     run = pyinfra(
         INVENTORY, Q4, limit=host, data={"llamacpp_tag": NEWER, "llamacpp_commit": commits()[NEWER]}
     )

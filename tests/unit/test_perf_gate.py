@@ -194,7 +194,7 @@ def test_the_rollout_report_shows_the_failed_figure_with_both_values():
         },
     )
     out = render(report)
-    assert f"rtx4090-1: {said}" in out and "perf s" in out
+    assert f"rtx4090-1: {said}" in out and "perf s" in render(report, wide=True)
     assert report.to_dict()["hosts"]["rtx4090-1"]["perf_after"]["decode_tok_s"] == 20.0
 
 
