@@ -33,6 +33,7 @@ from pyinfra_cli.exceptions import UnexpectedExternalError
 from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
+from servefleet.core.data import settle
 from servefleet.core.errors import DataError
 from servefleet.core.inventory import fleet_path, reset_run_context, set_run_context
 
@@ -206,6 +207,8 @@ def session(
     try:
         inventory = load_inventory(inventory_path, state.cwd, data)
         ctx_inventory.set(inventory)
+        for host in inventory:  # validated at load: sizes written 8GiB are read as bytes
+            settle(host.data)
         targets = select(inventory, limit)
         check_selection(inventory_path, inventory, targets, limit)
         state.init(inventory, config, initial_limit=targets)

@@ -560,8 +560,12 @@ CASES = (
         case("depot_store: /", {"depot_store": "/"}, "'depot_store' = '/'"),
         case("models_root: /home", {"models_root": "/home"}, "'models_root' = '/home'"),
         case("models_root: holds the root", {"models_root": "/opt"}, "'models_root' = '/opt'"),
-        case("servefleet_user: root", {"servefleet_user": "root"}, "'servefleet_user' = 'root'"),
-        case("servefleet_user: sshd", {"servefleet_user": "sshd"}, "'servefleet_user' = 'sshd'"),
+        case("servefleet_user: Root", {"servefleet_user": "Root"}, "'servefleet_user' = 'Root'"),
+        case(
+            "servefleet_user: 33 characters",
+            {"servefleet_user": "s" * 33},
+            "'servefleet_user' = 'sssss",
+        ),
         case(
             "servefleet_user: shell characters", {"servefleet_user": "svc;id"}, "'servefleet_user'"
         ),

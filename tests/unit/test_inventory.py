@@ -116,7 +116,7 @@ FLEET = "hosts:\n  - {name: spark-01, role: spark, ssh_hostname: 192.0.2.10%s}\n
             "scope id",
         ),
         (FLEET % ", data: {servefleet_root: /}", (), "key 'servefleet_root' = '/'"),
-        (FLEET % ", data: {servefleet_user: root}", (), "key 'servefleet_user' = 'root'"),
+        (FLEET % ", data: {servefleet_user: Root}", (), "key 'servefleet_user' = 'Root'"),
     ],
 )
 def test_bad_data_stops_the_pyinfra_cli_before_connecting(tmp_path, fleet, args, line):
