@@ -21,6 +21,7 @@ from typing import Any
 from servefleet.core import contract, validate as c
 from servefleet.core.errors import DataError
 from servefleet.core.fleetkey import depot_key_problem
+from servefleet.core.operator_files import ssh_key_problem
 from servefleet.core.owned_flags import OWNED, owned_flag_problems
 from servefleet.core.secrets import SecretError, read_secret
 
@@ -128,6 +129,13 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
                 read_secret(data[key])
             except SecretError as exc:
                 problems.append(f"key {key!r} from {host.source_of(key)}: {exc}")
+    login_key = data.get("ssh_key")  # here, not as a traceback when pyinfra connects
+    login_problem = login_key is not None and ssh_key_problem(login_key)
+    if login_problem:
+        problems.append(
+            f"key 'ssh_key' from {host.source_of('ssh_key')}: {login_problem}; expected the SSH "
+            f"private key to log in to {host.name} with"
+        )
     key_problem = depot_key_problem(data)  # here, not when the depot or a copy first needs it
     if key_problem:
         problems.append(

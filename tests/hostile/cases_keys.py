@@ -30,6 +30,7 @@ def with_file(content: bytes | None, kind: str = "file"):
         path.mkdir()
     elif content is not None:
         path.write_bytes(content)
+        path.chmod(0o600)  # as ssh-keygen writes a key: only its owner reads it
     return path
 
 
