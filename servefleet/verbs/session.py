@@ -36,6 +36,7 @@ from pyinfra_cli.util import load_deploy_file
 from servefleet.core.data import settle
 from servefleet.core.errors import DataError
 from servefleet.core.inventory import fleet_path, reset_run_context, set_run_context
+from servefleet.core.node_output import shown
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(r"^\[([^\]]+)\]\s*(.*)$")
@@ -94,9 +95,10 @@ class Session:
             for line in lines
             if line.startswith("servefleet:") and not line.startswith("servefleet: the journal")
         ]
+        # pyinfra's lines quote what nodes print: escaped before any reaches the terminal
         if ours:
-            return ours[-1].removeprefix("servefleet:").strip()
-        return lines[-1] if lines else default
+            return shown(ours[-1].removeprefix("servefleet:").strip())
+        return shown(lines[-1]) if lines else default
 
 
 def select(inventory, limit: list[str] | None) -> list:
