@@ -132,40 +132,70 @@ def _key_text(keytype: bytes, token: bytes) -> str | None:
     return f"{keytype.decode()} {base64.b64encode(raw).decode()}"
 
 
-def _fields(line: bytes) -> list[bytes]:
-    """A line's fields as OpenSSH splits them: on spaces and tabs only (a form feed, NBSP,
-    U+2028 or U+0085 is part of a field, never a separator)."""
-    return [f for f in line.replace(b"\t", b" ").split(b" ") if f]
-
-
+_BLANK = b" \t"
 _MARKERS = (b"@cert-authority", b"@revoked")
+
+
+def _token(text: bytes, at: int, ends: bytes) -> int:
+    """The index where the token starting at `at` ends: the first byte of `ends`, or the end."""
+    while at < len(text) and text[at] not in ends:
+        at += 1
+    return at
+
+
+def _skip_blank(text: bytes, at: int) -> int:
+    while at < len(text) and text[at] in _BLANK:
+        at += 1
+    return at
+
+
+def _parts(line: bytes) -> tuple[bytes | None, bytes, bytes, bytes] | None:
+    """(marker, hosts, keytype, blob) of one line, as OpenSSH's hostkeys_foreach and sshkey_read
+    cut it, or None for a comment or a line without a key. Only spaces and tabs separate
+    fields (a form feed, NBSP, U+2028 or U+0085 is part of a field). The line is a C string:
+    the host field also ends at a NUL (the key is read after it), and the key's part of the
+    line ends at the first NUL after the host field."""
+    at = _skip_blank(line, 0)
+    if at == len(line) or line[at] in b"\0#":
+        return None
+    marker = None
+    if line[at : at + 1] == b"@":
+        end = _token(line, at, _BLANK + b"\0")
+        if line[at:end] not in _MARKERS or end == len(line) or line[end] == 0:
+            return None  # OpenSSH: a bad marker, the line is skipped
+        marker, at = line[at:end], _skip_blank(line, end)
+    end = _token(line, at, _BLANK + b"\0")
+    hosts = line[at:end]
+    if end >= len(line):
+        return None  # no key after the names
+    rest = line[end + 1 :].split(b"\0", 1)[0]
+    at = _skip_blank(rest, 0)
+    type_end = _token(rest, at, _BLANK)
+    if type_end == len(rest) or rest[at : at + 1] == b"#":
+        return None  # a key type must be followed by its blob
+    blob_at = _skip_blank(rest, type_end)
+    return marker, hosts, rest[at:type_end], rest[blob_at : _token(rest, blob_at, _BLANK)]
 
 
 def keys_for(text: str | bytes, names: Sequence[str]) -> list[str]:
     """`keytype base64` of every plain key `text` pins for any of `names`, in file order, once
-    each; revoked keys left out. Read as OpenSSH reads it (hostfile.c): lines end at a newline
-    only, a line ends at a NUL, fields split on spaces and tabs only; lines that are not
+    each; revoked keys left out. Read as OpenSSH reads it (hostfile.c): bytes, lines end at a
+    newline only, fields split on spaces and tabs only (_parts); lines that are not
     well-formed are ignored."""
     raw = text.encode() if isinstance(text, str) else text
     found: list[str] = []
     revoked: set[str] = set()
     for line in raw.split(b"\n"):
-        fields = _fields(line.split(b"\0", 1)[0])
-        if not fields or fields[0].startswith(b"#"):
+        parts = _parts(line)
+        if parts is None:
             continue
-        marker = None
-        if fields[0].startswith(b"@"):
-            marker = fields.pop(0)
-            if marker not in _MARKERS:
-                continue  # OpenSSH: a bad marker, the line is skipped
-        if len(fields) < 3:
-            continue
-        key = _key_text(fields[1], fields[2])
+        marker, hosts, keytype, blob = parts
+        key = _key_text(keytype, blob)
         if key is None:
             continue
         if marker == b"@revoked":
             revoked.add(key)
-        elif marker is None and key not in found and any(names_host(fields[0], n) for n in names):
+        elif marker is None and key not in found and any(names_host(hosts, n) for n in names):
             found.append(key)
     return [key for key in found if key not in revoked]
 

@@ -122,12 +122,23 @@ def _keys(n: int) -> list[str]:
 K = _keys(8) if shutil.which("ssh-keygen") else []
 
 
-def _openssh_finds(path: Path, name: str) -> set[str]:
-    """The keys of the lines `ssh-keygen -F name -f path` prints (each line holds one of K)."""
+def _fingerprint(key: str) -> str:
     out = subprocess.run(
-        ["ssh-keygen", "-F", name, "-f", str(path)], capture_output=True
+        ["ssh-keygen", "-l", "-f", "-"], input=key + "\n", capture_output=True, text=True
+    ).stdout
+    return out.split()[1]  # "256 SHA256:... no comment (ED25519)"
+
+
+FINGERPRINTS = {k: _fingerprint(k) for k in K}
+
+
+def _openssh_finds(path: Path, name: str) -> set[str]:
+    """The keys `ssh-keygen -l -F name -f path` finds (it parses each matching line's key, as
+    ssh does, and prints its fingerprint)."""
+    out = subprocess.run(
+        ["ssh-keygen", "-l", "-F", name, "-f", str(path)], capture_output=True
     ).stdout.decode("latin-1")
-    return {k for k in K if k.split()[1] in out}
+    return {k for k, fp in FINGERPRINTS.items() if fp in out}
 
 
 # Lines that Python's splitlines()/split() would cut where OpenSSH does not: each once pinned a
@@ -143,12 +154,15 @@ CRAFTED = {
     "a form feed between the name and the key": b"depot\x0c%(k)s\n",
     "U+2028 inside the pattern list": b"depot-x,\xe2\x80\xa8depot %(k)s\n",
     "a NUL before the name (C ends the line there)": b"\x00depot %(k)s\n",
+    "a NUL inside the key type": b"depot ssh-\x00%(k)s\n",
     "a CR before the name": b"\rdepot %(k)s\n",
     "a non-ASCII capital the pattern lowers (\xc3\x96)": b"DEP\xc3\x96T %(k)s\n",
 }
 ACCEPTED = {
     "a CRLF line end": b"depot %(k)s\r\n",
     "a NUL after the key (C ends the line there)": b"depot %(k)s\x00junk\n",
+    "a NUL ends the names, the key is read after it": b"depot\x00 %(k)s\n",
+    "a NUL ends the names, the key right after it": b"depot\x00%(k)s\n",
     "a tab between the fields": b"depot\t%(k)s\n",
     "upper case (OpenSSH lowercases)": b"DEPOT %(k)s\n",
     "spaces and tabs before the name": b" \t depot %(k)s\n",
