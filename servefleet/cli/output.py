@@ -34,8 +34,10 @@ def wrap(text: str, size: int, indent: str = "", more: str = "  ") -> list[str]:
     """Text that must be read whole (an error, a reason) as lines of at most `size` columns,
     the first indented by `indent`, the others by `more`; a word longer than a line (a path)
     is kept whole on its own line rather than broken."""
+    # escaped but for NUL: knobs' placeholder for a space inside a code span (a terminal shows
+    # nothing for a NUL)
     return textwrap.wrap(
-        shown(str(text)),
+        "\x00".join(shown(part) for part in str(text).split("\x00")),
         max(size, 20),
         initial_indent=indent,
         subsequent_indent=more,
