@@ -14,7 +14,7 @@ from pyinfra import host
 from pyinfra.facts.files import File, Sha256File
 
 from servefleet.core import contract
-from servefleet.core.data import HostData, Layer, root_reads, validate
+from servefleet.core.data import HostData, Layer, root_reads, settle, validate
 from servefleet.core.layout import NodeLayout
 from servefleet.core.node import per_family
 from servefleet.core.python_env import source_args
@@ -64,6 +64,7 @@ def python() -> str:
 def begin(recipe: str) -> bool:
     """Validate this host's data for `recipe`; False (and a visible no-op) on another role."""
     validate(HostData(host.name, list(host.groups), [Layer("this host's data", data())]), recipe)
+    settle(host.data)  # 8GiB from --data or fleet.yml: read as bytes by every step
     role = contract.ROLE_OF.get(recipe)
     if role is None or role in host.groups:
         plan_base()

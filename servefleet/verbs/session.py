@@ -34,8 +34,10 @@ from pyinfra_cli.exceptions import UnexpectedExternalError
 from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
+from servefleet.core.data import settle
 from servefleet.core.errors import DataError
 from servefleet.core.inventory import fleet_path, reset_run_context, set_run_context
+from servefleet.core.node_output import shown
 from servefleet.verbs.progress import OperationProgress
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -95,9 +97,10 @@ class Session:
             for line in lines
             if line.startswith("servefleet:") and not line.startswith("servefleet: the journal")
         ]
+        # pyinfra's lines quote what nodes print: escaped before any reaches the terminal
         if ours:
-            return ours[-1].removeprefix("servefleet:").strip()
-        return lines[-1] if lines else default
+            return shown(ours[-1].removeprefix("servefleet:").strip())
+        return shown(lines[-1]) if lines else default
 
 
 def select(inventory, limit: list[str] | None) -> list:
@@ -208,6 +211,8 @@ def session(
     try:
         inventory = load_inventory(inventory_path, state.cwd, data)
         ctx_inventory.set(inventory)
+        for host in inventory:  # validated at load: sizes written 8GiB are read as bytes
+            settle(host.data)
         targets = select(inventory, limit)
         check_selection(inventory_path, inventory, targets, limit)
         state.init(inventory, config, initial_limit=targets)
