@@ -78,7 +78,9 @@ def roofline(bandwidth_bytes_per_s, bytes_per_token) -> float | None:
     return None
 
 
-def bench_host(host, runs: int, prompt_tokens: int, max_tokens: int) -> NodeResult:
+def bench_host(
+    host, runs: int, prompt_tokens: int, max_tokens: int, unit: str | None = None
+) -> NodeResult:
     data = host.data.dict()
     lay = NodeLayout.of(data)
     script = lay.bin("servefleet-stream-bench")
@@ -105,9 +107,8 @@ def bench_host(host, runs: int, prompt_tokens: int, max_tokens: int) -> NodeResu
         args += ["--model", data["served_model_name"]]
     # The key the node serves with, read there (the operator may not hold the key file).
     args += ["--api-key-file", lay.api_key_file]
-    records = host.get_fact(NodeReleases, path=lay.releases_file)
-    if records.current is not None:  # the serving unit's CPU waits (PSI) are measured too
-        args += ["--cgroup", lay.unit_cgroup(records.current.unit)]
+    if unit:  # the serving unit's CPU waits (PSI) are measured too
+        args += ["--cgroup", lay.unit_cgroup(unit)]
     ok, out, err = run(host, " ".join(shlex.quote(a) for a in args))
     return read_result(host.name, data, ok, out, err, no_roofline(host, data))
 
@@ -238,7 +239,8 @@ def compare_host(host, runs=None, prompt_tokens=None, max_tokens=None) -> Compar
         previous=prev.perf if prev else None,
     )
     started = time.monotonic()
-    res = bench_host(host, w.runs, w.prompt_tokens, w.max_tokens)
+    unit = records.current.unit if records.current else None
+    res = bench_host(host, w.runs, w.prompt_tokens, w.max_tokens, unit)
     if not res.ok:
         out.error = res.error
         return out

@@ -264,7 +264,7 @@ def gate_of(chat_route, tokenize_route=tokenize, max_tokens=MAX_TOKENS):
         engine = Engine(routes(v1__chat__completions=chat_route, tokenize=tokenize_route))
         runs = []
 
-        def bench_on_node(host, n, prompt_tokens, tokens):
+        def bench_on_node(host, n, prompt_tokens, tokens, unit=None):
             rc, out, err, seconds = run_script(
                 "servefleet-stream-bench",
                 [
