@@ -1,4 +1,4 @@
-"""`servefleet testbed up|add|rm|status|ssh|down`: the local fleet of real Debian hosts."""
+"""`servefleet testbed up|add|rm|stop|start|status|ssh|down`: the local fleet of real Debian hosts."""
 
 import json
 import os
@@ -25,6 +25,10 @@ def register(sub) -> None:
     add.add_argument("name")
     rm = tsub.add_parser("rm", help="stop and delete one host")
     rm.add_argument("name")
+    stop = tsub.add_parser("stop", help="power one host off, keeping its disk (a node down)")
+    stop.add_argument("name")
+    start = tsub.add_parser("start", help="boot a host that `stop` powered off")
+    start.add_argument("name")
     st = tsub.add_parser("status", help="table of hosts: name, role, address, systemd state")
     st.add_argument("--json", action="store_true")
     ssh = tsub.add_parser("ssh", help="ssh into a host: ssh NAME [-- CMD...]")
@@ -66,6 +70,11 @@ def run(args) -> int:
             print_status(lifecycle.status())
         elif args.action == "rm":
             lifecycle.rm(args.name, log=_log)
+        elif args.action == "stop":
+            lifecycle.stop(args.name, log=_log)
+        elif args.action == "start":
+            lifecycle.start(args.name, log=_log)
+            print_status(lifecycle.status())
         elif args.action == "status":
             rows = lifecycle.status()
             if args.json:
