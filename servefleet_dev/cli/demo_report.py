@@ -72,7 +72,7 @@ class Report:
     def step_lines(self, step: str, cols: int = 80) -> list[str]:
         """A step's verdicts: one line naming each host's, then why for each host that did not
         pass (wrapped whole, never cut) and what passed, shortly."""
-        judged = self.judged(step)
+        judged = {h: self.judged(step)[h] for h in self.hosts if h in self.judged(step)}
         if not judged:
             return wrap(f"step {NUMBER[step]} verdict: no host judged", cols, "  ", "    ")
         lines = wrap(

@@ -15,6 +15,7 @@ from rich.console import Console
 from servefleet.cli import progress
 from servefleet.cli.bench import render as render_bench
 from servefleet.cli.drift import render as render_drift
+from servefleet.cli.output import wrap
 from servefleet.cli.status import render as render_status
 from servefleet.core.layout import LLAMA_UNIT, NodeLayout
 from servefleet.verbs import drift
@@ -49,7 +50,13 @@ class Demo:
         return [n for n in self.names if role_of(n) in judge.SERVING_ROLES]
 
     def say(self, text: str) -> None:
+        """A report, as its renderer fit it to the terminal."""
         self.console.print(text, markup=False, highlight=False)
+
+    def tell(self, text: str) -> None:
+        """One of the demo's own lines, indented, wrapped whole to the terminal."""
+        for line in wrap(text, self.console.width, "  ", "    "):
+            self.say(line)
 
     @contextmanager
     def step(self, key: str, hosts: list[str], **fmt: object) -> Iterator[None]:
@@ -67,7 +74,7 @@ class Demo:
 
     def _logged(self, line: progress.Line):
         def log(message: str) -> None:
-            self.say(f"  {message}")
+            self.tell(message)
             line.detail(message)
 
         return log
@@ -77,7 +84,7 @@ class Demo:
             outcomes = converge(INVENTORY, deploy, limit, on_operation=line.detail)
         for name, o in sorted(outcomes.items()):
             verdict = "ok" if o.ok else "not reached" if o.unreachable else f"FAILED: {o.error}"
-            self.say(f"  {deploy} on {name}: {o.changed} of {o.operations} changed -> {verdict}")
+            self.tell(f"{deploy} on {name}: {o.changed} of {o.operations} changed -> {verdict}")
         return outcomes
 
     def _drift(self, deploy: str, limit: list[str]) -> drift.Report:
@@ -97,13 +104,13 @@ class Demo:
                     lifecycle.up(self.names, log=self._logged(line))
                 except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as exc:
                     broke = f"{type(exc).__name__}: {exc}"  # judged per host below
-                    self.say(f"  testbed up: {broke}")
+                    self.tell(f"testbed up: {broke}")
                 line.phase("preparing the test material (models, wheels, llama.cpp host build)")
                 try:
                     material.prepare(log=self._logged(line))
                 except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
                     material_error = f"{type(exc).__name__}: {exc}"
-            self.say(f"  testbed instance {self.report.instance}")
+            self.tell(f"testbed instance {self.report.instance}")
             rows = {row["name"]: row["systemd"] for row in lifecycle.status()}
             for name in self.names:
                 self.report.judge("up", name, *judge.host_up(rows.get(name), material_error))
@@ -145,10 +152,10 @@ class Demo:
                 verdict = UNREACHABLE if edit.returncode == SSH_CANNOT_CONNECT else FAIL
                 self.report.judge("inject", host, verdict, f"could not hand-edit {unit}: {why}")
                 return
-            self.say(f"  hand-edited {host}'s unit ({LLAMA_UNIT}): RestartSec=1")
+            self.tell(f"hand-edited {host}'s unit ({LLAMA_UNIT}): RestartSec=1")
             report = self._drift(Q4, self.names)  # the whole testbed, as an operator checks
             item = judge.caught(report.hosts.get(host), unit)
-            self.say(f"  drift caught on {host}: {'yes (its unit file)' if item else 'NO'}")
+            self.tell(f"drift caught on {host}: {'yes (its unit file)' if item else 'NO'}")
             outcome = self._converge(Q4, [host]).get(host)
             after = self._drift(Q4, [host]).hosts.get(host)
             self.report.judge(

@@ -98,7 +98,7 @@ class FakeFleet:
                         n, role, "e", service="active", enabled=True, health="200", release="r"
                     )
                 )
-        return out
+        return sorted(out, key=lambda st: st.host)  # as status() returns them
 
     def ssh(self, name, command):
         self.calls.append(("ssh", name, command))
@@ -189,6 +189,8 @@ def test_a_host_gone_mid_demo_is_unreachable_and_the_others_still_count(fleet):
     assert ("converge", demo_steps.Q4, ("rtx4090-1",)) in f.calls
     assert not f.edited  # not left with the hand-edited unit
     assert "spark-1: No route to host" in out
+    # Each step's line names the hosts in the same order, however the verb returned them.
+    assert "step 7 verdict: spark-1 unreachable, rtx4090-1 pass, depot-1 pass" in out
     assert report.exit_code == 3
     line = report.final_line()
     assert line == "demo: FAILED: spark-1 unreachable at 2, 3, 4, 6, 7; all else passed; exit 3"
