@@ -25,7 +25,7 @@ from servefleet.cli import json_report
 from servefleet.core.errors import InputError
 from servefleet_dev.cli.demo_report import Report
 from servefleet_dev.cli.demo_steps import INVENTORY, Demo
-from servefleet_dev.testbed import lifecycle
+from servefleet_dev.testbed import lifecycle, platforms
 from servefleet_dev.testbed.root import EXIT_NEEDS_ROOT, needs_root
 from servefleet_dev.testbed.state import instance, role_of
 
@@ -49,8 +49,9 @@ def run(args) -> int:
         return EXIT_NEEDS_ROOT
     if not Path(INVENTORY).is_file():  # before the testbed comes up, not after
         raise InputError(f"no {INVENTORY} in {Path.cwd()}: run from the repository root")
-    names = [h.strip() for h in args.hosts.split(",") if h.strip()]
-    try:
+    specs = [h.strip() for h in args.hosts.split(",") if h.strip()]
+    try:  # `spark-1@trixie` boots a Debian 13 host; the host is spark-1 everywhere else
+        names = [platforms.parse(spec).name for spec in specs]
         for name in names:
             role_of(name)
     except ValueError as exc:
@@ -59,7 +60,7 @@ def run(args) -> int:
     # Under --json the story goes to stderr and stdout holds the JSON object alone.
     console = Console(stderr=args.json, highlight=False)
     report = Report(list(names), instance())
-    demo = Demo(console, report, names, args.bench_runs)
+    demo = Demo(console, report, names, args.bench_runs, specs)
     demo.up()
     demo.converge_all("converge")
     demo.converge_all("again")

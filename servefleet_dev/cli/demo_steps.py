@@ -40,6 +40,7 @@ class Demo:
     report: Report
     names: list[str]
     bench_runs: int = 3
+    specs: list[str] | None = None  # as given to `testbed up` (spark-1@trixie): names by default
 
     @property
     def llama(self) -> str | None:
@@ -101,7 +102,7 @@ class Demo:
             broke = material_error = None
             with progress.status(self.console, "bringing the testbed up") as line:
                 try:
-                    lifecycle.up(self.names, log=self._logged(line))
+                    lifecycle.up(self.specs or self.names, log=self._logged(line))
                 except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as exc:
                     broke = f"{type(exc).__name__}: {exc}"  # judged per host below
                     self.tell(f"testbed up: {broke}")
