@@ -24,7 +24,7 @@ VERDICTS = (PASS, FAIL, UNREACHABLE)
 
 # (key, title): the steps in order; a step's number is its place here, from 1.
 STEPS = (
-    ("up", "Testbed up: Debian 12 hosts (systemd-nspawn), reached as a sudo user"),
+    ("up", "Testbed up: real Debian hosts (systemd-nspawn), reached as a sudo user"),
     ("converge", "Converge both recipes (first run on a machine: minutes)"),
     ("again", "Converge again: nothing to change"),
     ("drift", "Drift check: every host in sync"),
