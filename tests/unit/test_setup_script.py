@@ -28,8 +28,10 @@ case "$1" in
     if [ "$2" = venv ]; then
       mkdir -p "$3/bin" && cat "$0" > "$3/bin/python" && chmod +x "$3/bin/python"
       echo "venv $3 Python {version}" >> {log}
-    else
+    elif [ "$2" = pip ]; then
       shift 2; echo "pip {version} $*" >> {log}
+    else
+      echo "module $2 Python {version}" >> {log}  # e.g. the testbed's binfmt registration
     fi ;;
 esac
 """
