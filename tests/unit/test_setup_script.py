@@ -114,4 +114,5 @@ def test_a_python3_new_enough_is_used_and_a_good_venv_kept(sandbox):
     assert log.read_text().splitlines() == [
         "pip 3.12.3 install -q --upgrade pip",
         "pip 3.12.3 install -q -e .[test]",
+        "module servefleet_dev.testbed.binfmt Python 3.12.3",  # by the kept venv's Python
     ]
