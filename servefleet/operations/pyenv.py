@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pyinfra import host
 from pyinfra.api import operation
 
-from servefleet.core.vllm import version_problems, versions_match
+from servefleet.core.python_env import version_problems, versions_match
 from servefleet.facts import batch
 from servefleet.facts.node import PathStat
-from servefleet.facts.vllm import DistVersions, TorchCuda
+from servefleet.facts.pyenv import DistVersions, TorchCuda
 from servefleet.operations.node import fail_host
 
 

@@ -34,7 +34,7 @@ from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
 from servefleet.core.errors import DataError
-from servefleet.core.inventory import fleet_path, reset_run_context, set_run_context
+from servefleet.fleet.inventory import fleet_path, reset_run_context, set_run_context
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(r"^\[([^\]]+)\]\s*(.*)$")
@@ -138,7 +138,7 @@ def load_inventory(inventory_path: str, cwd: str, data: dict | None):
     if not inventory_path.endswith(".py"):
         raise DataError(
             f"inventory file {inventory_path}: expected a Python inventory such as "
-            f"inventory/spark.py (they read {fleet_path()})"
+            f"inventory/fleet.py (they read {fleet_path()})"
         )
     try:
         return make_inventory(inventory_path, cwd=cwd, override_data=data or {})
@@ -148,7 +148,7 @@ def load_inventory(inventory_path: str, cwd: str, data: dict | None):
         raise DataError(
             f"inventory file {inventory_path}: could not be loaded "
             f"({type(error).__name__}{': ' + why if why else ''}); expected an "
-            f"inventory such as inventory/spark.py"
+            f"inventory such as inventory/fleet.py"
         ) from None
 
 

@@ -5,7 +5,7 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
-from servefleet.core.inventory import ROLES
+from servefleet.fleet.inventory import ROLES
 from servefleet_dev.testbed import hosts, image, net, services
 from servefleet_dev.testbed.state import (
     HostRecord,
