@@ -10,14 +10,16 @@ import importlib
 import signal
 import sys
 import threading
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 
+from servefleet.cli import json_report, pipes, workdir
 from servefleet.core.errors import EXIT_DOCS, DataError, Exit, InputError
 from servefleet.engines import ENGINES
 
 COMMANDS = (
     "bench",
     "drift",
+    "help",
     "inspect",
     "knobs",
     "rebuild",
@@ -36,7 +38,8 @@ Provision, check and upgrade LLM serving nodes (on pyinfra).
 Converging a node is pyinfra itself, run from the repository root (files/,
 group_data/ and inventory/fleet.yml are found from there):
   pyinfra inventory/<role>.py deploys/<recipe>.py
-These commands check, upgrade and inspect what pyinfra converged."""
+These commands check, upgrade and inspect what pyinfra converged.
+`servefleet help COMMAND` (or `servefleet COMMAND --help`): a command's help."""
 
 
 def exit_codes() -> str:
@@ -53,13 +56,37 @@ def exit_codes() -> str:
     return "\n".join(lines)
 
 
+class Refused(Exception):
+    """Arguments argparse refuses (exit 2): the parser that refused them, and why."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser (sub-commands' too), whose refusal main() reports: as argparse does,
+    or as a JSON error object under --json."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise Refused(self, message)
+
+
+def package_version() -> str:
+    try:
+        return version("servefleet")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="servefleet",
         description=DESCRIPTION,
         epilog=exit_codes(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"servefleet {package_version()}")
     sub = parser.add_subparsers(
         dest="command",
         required=True,
@@ -95,20 +122,48 @@ def _interrupt(signum, frame):
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    """The command's exit code; 141 when its output went into a pipe nobody reads any more
+    (servefleet/cli/pipes.py)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with pipes.guarded() as streams:
+        try:
+            code = _main(argv)
+        except SystemExit as done:  # --help, --version: printed, then argparse exits 0
+            code = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
+    return pipes.SIGPIPE_EXIT if pipes.broken(streams) else code
+
+
+def _refuse(args, message: str, code: Exit) -> int:
+    """A refusal: one line on stderr, and under --json the JSON error object on stdout."""
+    print(f"servefleet {args.command}: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        json_report.emit(json_report.refusal(message, code))
+    return int(code)
+
+
+def _main(argv: list[str]) -> int:
+    parser = build_parser()
+    if not argv:  # what to type is the answer: the help, as a usage error (argparse's exit 2)
+        parser.print_help(sys.stderr)
+        return int(Exit.BAD_INPUT)
+    try:
+        args = parser.parse_args(argv)
+    except Refused as refused:
+        refused.parser.print_usage(sys.stderr)
+        message = f"{refused.parser.prog}: error: {refused}"
+        print(message, file=sys.stderr)
+        if "--json" in argv:
+            json_report.emit(json_report.refusal(message, Exit.BAD_INPUT))
+        return int(Exit.BAD_INPUT)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return int(args.func(args) or 0)
+        with workdir.in_project(args):
+            return int(args.func(args) or 0)
     except (DataError, InputError) as exc:
-        print(f"servefleet {args.command}: {exc}", file=sys.stderr)
-        return int(Exit.BAD_INPUT)
+        return _refuse(args, str(exc), Exit.BAD_INPUT)
     except KeyboardInterrupt:
-        print(
-            f"servefleet {args.command}: interrupted; rerun the same command to finish",
-            file=sys.stderr,
-        )
-        return int(Exit.INTERRUPTED)
+        return _refuse(args, "interrupted; rerun the same command to finish", Exit.INTERRUPTED)
 
 
 if __name__ == "__main__":

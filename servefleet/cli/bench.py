@@ -4,13 +4,13 @@ failed or is slower than the data's performance-gate thresholds allow)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import textwrap
 from dataclasses import asdict
 
 from rich.console import Console
 
+from servefleet.cli import json_report
 from servefleet.cli.output import table
 from servefleet.core.errors import Exit
 from servefleet.verbs.bench import bench, compare
@@ -54,7 +54,8 @@ def render(results, runs: int, max_tokens: int) -> str:
             _f(r.median_ttft_s, ".3f"),
             _f(r.median_decode_tok_s, ".1f"),
             _f(r.roofline_tok_s, ".1f"),
-            _f(r.roofline_ratio, ".2f"),
+            # Where no roofline means anything (a testbed host), the row says so, not a ratio.
+            "n/a (below)" if r.ok and r.roofline_note else _f(r.roofline_ratio, ".2f"),
             _status(r),
         )
         for r in results
@@ -65,34 +66,66 @@ def render(results, runs: int, max_tokens: int) -> str:
         rows,
         shrink=("host", "status"),
     )
-    return f"{head}\n{body}{_reasons(results)}"
+    notes = "".join(
+        "\n"
+        + textwrap.fill(
+            f"{r.host}: no roofline ratio: {r.roofline_note}", 80, subsequent_indent="  "
+        )
+        for r in results
+        if r.ok and r.roofline_note
+    )
+    return f"{head}\n{body}{notes}{_reasons(results)}"
 
 
 def _status(r) -> str:
+    if r.skipped:
+        return "skipped (below)"
     return "ok" if r.ok else "not reached (below)" if r.unreachable else "failed (below)"
 
 
 def _reasons(results) -> str:
-    """Each failed node's whole reason, on lines of its own (wrapped, never cut)."""
-    failed = [r for r in results if not r.ok]
+    """Each skipped or failed node's whole reason, on lines of its own (wrapped, never cut)."""
+    said = [r for r in results if not r.ok]
+    failed = [r for r in said if not r.skipped]
     lines = [
         textwrap.fill(
-            f"{r.host}: {'not reached' if r.unreachable else 'failed'}: {r.error}",
+            f"{r.host}: skipped: {r.skipped}"
+            if r.skipped
+            else f"{r.host}: {'not reached' if r.unreachable else 'failed'}: {r.error}",
             80,
             subsequent_indent="  ",
         )
-        for r in failed
+        for r in said
     ]
+    benched = len(results) - (len(said) - len(failed))
+    if results and not benched:
+        lines.append("no serving node selected: nothing was benched")
     return "".join(f"\n{line}" for line in lines) + (
-        f"\n{len(failed)} of {len(results)} nodes failed" if failed else ""
+        f"\n{len(failed)} of {benched} nodes failed" if failed else ""
     )
 
 
 def exit_code(results, slower: bool = False) -> Exit:
-    """3 when a node could not be reached, else 1 when one failed (or, --compare, is slower)."""
-    if any(r.unreachable for r in results):
+    """3 when a node could not be reached, else 1 when one failed (or, --compare, is slower),
+    or when no node was benched at all; a skipped host (no serving engine) is no failure."""
+    benched = [r for r in results if not r.skipped]
+    if any(r.unreachable for r in benched):
         return Exit.UNREACHABLE
-    return Exit.DIFFERS if slower or not results or not all(r.ok for r in results) else Exit.OK
+    return Exit.DIFFERS if slower or not benched or not all(r.ok for r in benched) else Exit.OK
+
+
+def to_json(results, code: int, compared: bool = False) -> dict:
+    """--json (servefleet/cli/json_report.py): each node's figures by host; the summary counts
+    the nodes benched, failed, not reached, skipped (no serving engine) and, --compare, slower."""
+    summary = {
+        "ok": sum(r.ok for r in results),
+        "failed": sum(not r.ok and not r.unreachable and not r.skipped for r in results),
+        "unreachable": sum(r.unreachable for r in results),
+        "skipped": sum(bool(r.skipped) for r in results),
+    }
+    if compared:
+        summary["slower"] = sum(r.slower for r in results)
+    return json_report.document({r.host: asdict(r) for r in results}, summary, code)
 
 
 def _fig(doc, key, fmt):
@@ -138,18 +171,19 @@ def run(args) -> int:
             compared = compare(
                 args.inventory, args.limit, args.runs, args.prompt_tokens, args.max_tokens
             )
-        print(
-            json.dumps([asdict(r) for r in compared], indent=2)
-            if args.json
-            else render_compare(compared)
-        )
-        return int(exit_code(compared, slower=any(r.slower for r in compared)))
+        code = exit_code(compared, slower=any(r.slower for r in compared))
+        if args.json:
+            json_report.emit(to_json(compared, code, compared=True))
+        else:
+            print(render_compare(compared))
+        return int(code)
     runs, prompt = args.runs or 5, args.prompt_tokens or 2048
     max_tokens = args.max_tokens or 256
     with _progress(args, f"benching each node: {runs} runs of {max_tokens} tokens"):
         results = bench(args.inventory, args.limit, runs, prompt, max_tokens)
+    code = exit_code(results)
     if args.json:
-        print(json.dumps([asdict(r) for r in results], indent=2))
+        json_report.emit(to_json(results, code))
     else:
         print(render(results, runs, max_tokens))
-    return int(exit_code(results))
+    return int(code)

@@ -3,9 +3,9 @@ every host as the data says? Exit 0 in sync, 1 drift, 3 a host could not be chec
 
 from __future__ import annotations
 
-import json
 import logging
 
+from servefleet.cli import json_report
 from servefleet.cli.args import parse_data
 from servefleet.cli.output import cut, table, width, wrap
 from servefleet.verbs import drift
@@ -71,11 +71,13 @@ def render(report: drift.Report, show_all: bool = False, wide: bool = False) -> 
                 ]
         else:
             flat = [(s, n, e, str(f).replace("\n", " | ")) for s, n, e, f in rows]
+            # The check's name is what the operator acts on: never cut (expected and found
+            # are, first; --wide shows them whole).
             body = table(
                 ("state", "check", "expected", "found"),
                 flat,
                 cols - 2,
-                shrink=("check", "expected", "found"),
+                shrink=("expected", "found"),
             )
             out += [fit("  " + line) for line in body.splitlines()]
     summary = report.to_dict()["summary"]
@@ -95,7 +97,16 @@ def run(args) -> int:
         args.inventory, args.deploy, limit=args.limit, data=parse_data(args.data), debug=args.debug
     )
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        doc = report.to_dict()
+        json_report.emit(
+            json_report.document(
+                doc["hosts"],
+                doc["summary"],
+                doc["exit_code"],
+                inventory=doc["inventory"],
+                deploy=doc["deploy"],
+            )
+        )
     else:
         print(render(report, show_all=args.all, wide=args.wide))
     return int(report.exit_code)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from servefleet.cli.output import table, wrap
+from servefleet.cli.output import table, width, wrap
 from servefleet.core import groupdata
 from servefleet.core.errors import InputError
 from servefleet.engines import ENGINES
@@ -25,6 +25,9 @@ KEEP = "\x00"  # a space inside a code span while wrapping: a span is never cut 
 def register(sub) -> None:
     p = sub.add_parser("knobs", help="every data key: default, doc, recipes (from group_data/)")
     p.add_argument("--markdown", action="store_true", help="docs/knobs.md's lists")
+    p.add_argument(
+        "--wide", action="store_true", help="each knob's default and recipes too, on one line"
+    )
     p.set_defaults(func=run)
 
 
@@ -43,7 +46,23 @@ def sections() -> list[tuple[str, str]]:
             for a in groupdata.assignments(g)
         )
     ]
-    return [(g, f"{title} (group_data/{g}.py)") for g, title in found]
+    return [
+        (g, f"{title} (group_data/{g}.py)")
+        for g, title in found
+        if groupdata.group_file(g).is_file()
+    ]
+
+
+def narrow(knob_rows: list[tuple[str, str, str, str]], columns: int) -> list[str]:
+    """Each knob's key and its meaning, the meaning wrapped (never cut) beside the key; the
+    default and the recipes are --wide's."""
+    keys = max((len(key) for key, *_ in knob_rows), default=3)
+    lines = [f"{'key'.ljust(keys)}  meaning"]
+    for key, _, _, doc in knob_rows:
+        text = wrap(doc or "-", columns - keys - 2, more="")
+        lines.append(f"{key.ljust(keys)}  {text[0]}".rstrip())
+        lines += [f"{'':{keys}}  {line}" for line in text[1:]]
+    return lines
 
 
 def rows(group: str) -> list[tuple[str, str, str, str]]:
@@ -116,12 +135,9 @@ def run(args) -> int:
     for group, title in sections():
         if groupdata.group_file(group).is_file():
             print(f"{title}:")
-            print(
-                table(
-                    ("key", "default", "meaning"),
-                    [(n, d, doc) for n, d, _, doc in rows(group)],
-                    shrink=("default", "meaning"),
-                )
-            )
+            if args.wide:
+                print(table(("key", "default", "read by", "meaning"), rows(group), 10**6))
+            else:
+                print("\n".join(narrow(rows(group), width())))
             print()
     return 0

@@ -10,6 +10,8 @@ import shutil
 import textwrap
 from collections.abc import Sequence
 
+from servefleet.core.node_output import shown
+
 ELLIPSIS = "…"
 
 
@@ -22,7 +24,7 @@ def width() -> int:
 
 
 def cut(text: str, size: int) -> str:
-    text = str(text)
+    text = shown(str(text))  # a node's or a hub's words: no terminal escape gets through
     if len(text) <= size:
         return text
     return text[: max(size - 1, 0)] + ELLIPSIS if size > 0 else ""
@@ -32,8 +34,10 @@ def wrap(text: str, size: int, indent: str = "", more: str = "  ") -> list[str]:
     """Text that must be read whole (an error, a reason) as lines of at most `size` columns,
     the first indented by `indent`, the others by `more`; a word longer than a line (a path)
     is kept whole on its own line rather than broken."""
+    # escaped but for NUL: knobs' placeholder for a space inside a code span (a terminal shows
+    # nothing for a NUL)
     return textwrap.wrap(
-        str(text),
+        "\x00".join(shown(part) for part in str(text).split("\x00")),
         max(size, 20),
         initial_indent=indent,
         subsequent_indent=more,
@@ -51,7 +55,9 @@ def table(
     """Columns separated by two spaces; when the lines are wider than max_width, the columns
     named in `shrink` (or the widest ones) are cut, widest first, until every line fits."""
     limit = max_width or width()
-    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in r] for r in rows]
+    cells = [[str(h) for h in headers]] + [
+        ["-" if v is None else shown(str(v)) for v in r] for r in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     flexible = [i for i, h in enumerate(headers) if h in shrink] or list(range(len(headers)))
     floor = {i: max(len(headers[i]), 4) for i in range(len(headers))}

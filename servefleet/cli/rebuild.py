@@ -8,11 +8,11 @@ by accident), refuses when any of them cannot be reached, and asks first unless 
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from dataclasses import asdict
 
+from servefleet.cli import json_report, progress
 from servefleet.cli.args import parse_data
 from servefleet.core.errors import DataError, Exit
 from servefleet.verbs import rebuild
@@ -37,7 +37,7 @@ def register(sub) -> None:
         help="override data, as pyinfra's --data (for the converge and the teardown)",
     )
     p.add_argument("--purge-models", action="store_true", help="also delete the models")
-    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation (y or yes)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(func=run)
 
@@ -46,25 +46,40 @@ def _say(msg):
     print(f"servefleet rebuild: {msg}", file=sys.stderr)
 
 
+def confirmed(answer: str) -> bool:
+    """The usual yes: y or yes, in any case; anything else (no answer, end of input) is a no."""
+    return answer.strip().lower() in ("y", "yes")
+
+
 def _report(args, result: rebuild.RebuildResult, refused: bool) -> dict:
-    """--json: one object whatever happened, a refusal (bad input, unreachable, cancelled)
-    included; `exit_code` is the command's."""
-    return {
-        "hosts": result.hosts,
-        "purge_models": args.purge_models,
-        "refused": refused,
-        "teardown": {n: asdict(o) for n, o in result.teardown.items()},
-        "converge": {n: asdict(o) for n, o in result.converge.items()},
-        "ok": result.exit_code == Exit.OK,
-        "exit_code": int(result.exit_code),
-        "message": result.message or None,
-    }
+    """--json (servefleet/cli/json_report.py): one object whatever happened, a refusal (bad
+    input, unreachable, cancelled) included, whose message is then its error. Each host: its
+    teardown's and its converge's outcome (null: not run) and whether both went well."""
+    hosts = {}
+    for name in result.hosts:
+        down, up = result.teardown.get(name), result.converge.get(name)
+        hosts[name] = {
+            "teardown": asdict(down) if down else None,
+            "converge": asdict(up) if up else None,
+            "ok": bool(down and down.ok and up and up.ok),
+        }
+    rebuilt = sum(1 for h in hosts.values() if h["ok"])
+    return json_report.document(
+        hosts,
+        {"rebuilt": rebuilt, "not_rebuilt": len(hosts) - rebuilt},
+        result.exit_code,
+        error=(result.message or None) if refused else None,
+        purge_models=args.purge_models,
+        refused=refused,
+        ok=result.exit_code == Exit.OK,
+        message=result.message or None,
+    )
 
 
 def _refuse(args, result: rebuild.RebuildResult) -> int:
     """Nothing was changed: the reason on stderr (and the JSON object with --json)."""
     if args.json:
-        print(json.dumps(_report(args, result, refused=True), indent=2))
+        json_report.emit(_report(args, result, refused=True))
     _say(result.message)
     return int(result.exit_code)
 
@@ -84,24 +99,37 @@ def run(args) -> int:
         # input) is a no.
         print(
             f"Rebuild {', '.join(planned.hosts)}: remove {what}, then converge {args.deploy}? "
-            f"[yes/no] ",
+            f"[y/N] ",
             end="",
             file=sys.stderr,
             flush=True,
         )
-        answer = sys.stdin.readline()
-        if answer.strip().lower() != "yes":
+        if not confirmed(sys.stdin.readline()):
             return _refuse(
                 args,
                 rebuild.RebuildResult(
                     planned.hosts, Exit.DIFFERS, "cancelled; nothing was changed"
                 ),
             )
-    result = rebuild.rebuild(
-        args.inventory, args.deploy, planned.hosts, args.purge_models, data, say=_say
-    )
+    # The phase and the operation running, with the time, while it runs (minutes).
+    console = progress.stderr_console(quiet=args.json)
+    with progress.status(console, f"rebuilding {', '.join(planned.hosts)}") as line:
+
+        def say(msg: str) -> None:
+            _say(msg)
+            line.phase(msg.split(" (", 1)[0])
+
+        result = rebuild.rebuild(
+            args.inventory,
+            args.deploy,
+            planned.hosts,
+            args.purge_models,
+            data,
+            say=say,
+            on_operation=line.detail,
+        )
     if args.json:
-        print(json.dumps(_report(args, result, refused=False), indent=2))
+        json_report.emit(_report(args, result, refused=False))
     else:
         for phase, outcomes in (("teardown", result.teardown), ("converge", result.converge)):
             for name, o in outcomes.items():

@@ -4,11 +4,11 @@ returns the host to the data's release. Exit 0 rolled back and healthy, 4 needs 
 
 from __future__ import annotations
 
-import json
 import logging
 
+from servefleet.cli import json_report
 from servefleet.cli.args import parse_data
-from servefleet.cli.rollout import render
+from servefleet.cli.rollout import render, to_json
 from servefleet.verbs.rollback import rollback
 
 
@@ -23,6 +23,7 @@ def register(sub) -> None:
         help="allow a glob or group that selects more hosts than named one by one",
     )
     p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--wide", action="store_true", help="every column whole, whatever the width")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -37,7 +38,7 @@ def run(args) -> int:
         args.everything,
     )
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        json_report.emit(to_json(report))
     else:
-        print(render(report))
+        print(render(report, wide=args.wide))
     return int(report.exit_code)  # the code the report prints: 0 when all are rolled back

@@ -3,9 +3,9 @@ health and release per node; one line per host in 80 columns."""
 
 from __future__ import annotations
 
-import json
 import logging
 
+from servefleet.cli import json_report
 from servefleet.cli.output import table, width, wrap
 from servefleet.core.errors import Exit
 from servefleet.core.perf import short as perf_short
@@ -72,16 +72,16 @@ def render(nodes, wide: bool = False) -> str:
             for n in nodes
         ]
         return table(headers, rows, max_width=10**6)
-    headers = ("host", "role", "engine", "model", "service", "health", "previous")
+    # 80 columns: the engine and its version are never cut (the model's name is, first); the
+    # previous release, the revision and the figures are --wide's.
+    headers = ("host", "role", "engine", "model", "service", "health")
     rows = []
     for n in nodes:
         if n.error:  # the reason, whole, goes under the table
-            rows.append((n.host, n.role, "not read (below)", None, None, None, None))
+            rows.append((n.host, n.role, "not read (below)", None, None, None))
             continue
-        rows.append(
-            (n.host, n.role, n.engine, model_name(n.model), n.service, n.health, n.previous_release)
-        )
-    lines = [table(headers, rows, shrink=("engine", "model", "previous"))]
+        rows.append((n.host, n.role, n.engine, model_name(n.model), n.service, n.health))
+    lines = [table(headers, rows, shrink=("model", "role"))]
     for n in nodes:
         if n.error:
             lines += wrap(f"{n.host}: not read: {n.error}", width(), "", "  ")
@@ -91,10 +91,24 @@ def render(nodes, wide: bool = False) -> str:
 def run(args) -> int:
     logging.getLogger("pyinfra").setLevel(logging.ERROR)
     nodes = status(args.inventory, args.limit)
+    code = Exit.UNREACHABLE if not nodes or any(n.error for n in nodes) else Exit.OK
     if args.json:
-        print(json.dumps([n.to_dict() for n in nodes], indent=2))
+        json_report.emit(to_json(nodes, code))
     else:
         print(render(nodes, wide=args.wide))
-    if not nodes or any(n.error for n in nodes):
-        return int(Exit.UNREACHABLE)
-    return int(Exit.OK)
+    return int(code)
+
+
+def to_json(nodes, code: int) -> dict:
+    """--json (servefleet/cli/json_report.py): each node's status by host; the summary counts
+    the nodes read, those not read (the reason in the node's `error`) and those whose /health
+    answered 200."""
+    return json_report.document(
+        {n.host: n.to_dict() for n in nodes},
+        {
+            "read": sum(not n.error for n in nodes),
+            "not_read": sum(bool(n.error) for n in nodes),
+            "healthy": sum(n.health == "200" for n in nodes),
+        },
+        code,
+    )

@@ -3,7 +3,9 @@ non-string keys, bounded nesting and alias expansion. core/inventory.py reads th
 
 from __future__ import annotations
 
+import re
 import reprlib
+import unicodedata
 from pathlib import Path
 
 import yaml
@@ -62,6 +64,53 @@ class _StrictLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+# What a fleet file never holds, with the line it is on: characters YAML 1.1 reads as a line break
+# where an editor shows none (U+0085, U+2028, U+2029, a lone CR: a comment ends there, so a key
+# after it is read), bidi controls that make text read other than it runs, and every other
+# control character but tab and line end.
+_UNSEEN = re.compile(
+    r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+    r"\u2066-\u2069]|\r(?!\n)"
+)
+
+
+def _unseen_problem(text: str) -> str | None:
+    found = _UNSEEN.search(text)
+    if found is None:
+        return None
+    ch = found.group(0)
+    line = text.count("\n", 0, found.start()) + 1
+    if ch in "\x85\u2028\u2029\r":
+        why = "YAML 1.1 ends a line there (and a comment with it), where an editor shows none"
+    elif unicodedata.category(ch) == "Cf":
+        why = "a bidi control, which makes the text read other than it runs"
+    else:
+        why = "a control character"
+    return f"refused at line {line}: U+{ord(ch):04X} ({why}); expected plain text (remove it)"
+
+
+# Only plain decimal numbers are numbers: YAML 1.1 reads 22:00 as 1320 (base 60), 010 as 8
+# (octal), 0x16, 0b10 and 1_000 as ints, and .inf or 1:30.5 as floats.
+_DECIMAL_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_DECIMAL_FLOAT = re.compile(r"-?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def _strict_number(pattern, construct, kind):
+    def constructor(loader, node):
+        if not pattern.fullmatch(node.value):
+            read = construct(loader, node)
+            raise _Refused(
+                None,
+                None,
+                f"{show(node.value)} is read by YAML 1.1 as the {kind} {show(read)}; expected a "
+                f"plain decimal number (or quote it for a string)",
+                node.start_mark,
+            )
+        return construct(loader, node)
+
+    return constructor
+
+
 def _no_duplicates(loader, node, deep=False):
     """A mapping whose written keys are all different; merge keys (<<: *defaults) still work,
     and a written key overrides a merged one, as YAML says."""
@@ -87,6 +136,14 @@ def _no_duplicates(loader, node, deep=False):
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+_StrictLoader.add_constructor(
+    "tag:yaml.org,2002:int",
+    _strict_number(_DECIMAL_INT, yaml.SafeLoader.construct_yaml_int, "integer"),
+)
+_StrictLoader.add_constructor(
+    "tag:yaml.org,2002:float",
+    _strict_number(_DECIMAL_FLOAT, yaml.SafeLoader.construct_yaml_float, "number"),
+)
 
 
 def _bounded(path: Path, node) -> None:
@@ -123,6 +180,9 @@ def read_yaml(path: Path):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FleetError(f"{path}: not UTF-8 (byte {exc.start}); save it as UTF-8") from None
+    unseen = _unseen_problem(text)
+    if unseen:
+        raise FleetError(f"{path}: {unseen}")
     try:
         loader = _StrictLoader(text)
         try:

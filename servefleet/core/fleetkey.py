@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -15,11 +16,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from servefleet.core.errors import DataError
-from servefleet.core.operator_files import FileRefused, read_regular
+from servefleet.core.operator_files import MAX_KEY_BYTES, FileRefused, read_regular
 from servefleet.core.paths import cache_subdir
 
-# A private key file is a few hundred bytes (an RSA-8192 one ~6.5 KiB).
-MAX_KEY_BYTES = 64 << 10
+# Exactly one OpenSSH private key, as ssh-keygen writes it: the file is uploaded to the nodes as
+# it is, so a second key or notes beside it would travel too.
+ONE_KEY = re.compile(
+    r"-----BEGIN OPENSSH PRIVATE KEY-----\n(?:[A-Za-z0-9+/=]{1,76}\n){1,200}"
+    r"-----END OPENSSH PRIVATE KEY-----\n?"
+)
 
 
 class FleetKeyError(ValueError):
@@ -31,7 +36,7 @@ def load_key(path: Path) -> tuple[str, str]:
     at least 2048 bits) without a passphrase (nodes use it unattended); FleetKeyError naming the
     file and the problem."""
     try:
-        raw = read_regular(path, MAX_KEY_BYTES)
+        raw = read_regular(path, MAX_KEY_BYTES, key="private")
     except FileNotFoundError:
         raise FleetKeyError(f"{path} does not exist") from None
     except OSError as exc:
@@ -67,6 +72,12 @@ def load_key(path: Path) -> tuple[str, str]:
         )
     if any(ch != "\n" and not " " <= ch <= "~" for ch in private):
         raise FleetKeyError(f"{path} holds control characters besides its line ends (CRLF?)")
+    if not ONE_KEY.fullmatch(private):
+        raise FleetKeyError(
+            f"{path} holds more than one private key, or text besides it (notes, a public "
+            f"key): it is uploaded to the nodes as it is; expected exactly one key as "
+            f"ssh-keygen writes it"
+        )
     public = (
         key.public_key()
         .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)

@@ -19,7 +19,6 @@ import binascii
 import hashlib
 import hmac
 import os
-import re
 import stat
 from collections.abc import Sequence
 
@@ -48,29 +47,56 @@ def host_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
-def _glob(pattern: str, name: str) -> bool:
-    """OpenSSH's match_pattern: `*` and `?` only, case-insensitive (host names are)."""
-    regex = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern)
-    return re.fullmatch(regex, name, re.IGNORECASE | re.DOTALL) is not None
+def _glob(pattern: bytes, name: bytes) -> bool:
+    """OpenSSH's match_pattern (`*` and `?`), iteratively: on a mismatch only the last `*` is
+    moved on, so 60 `*` against a long name take O(len(pattern) * len(name)) steps, never the
+    exponential backtracking of a regular expression. Same answers: both are exact globs."""
+    p = n = 0
+    star, mark = -1, 0
+    while n < len(name):
+        if p < len(pattern) and pattern[p] == 0x2A:  # '*'
+            star, mark, p = p, n, p + 1
+        elif p < len(pattern) and pattern[p] in (0x3F, name[n]):  # '?' or the same byte
+            p, n = p + 1, n + 1
+        elif star >= 0:
+            mark += 1
+            p, n = star + 1, mark
+        else:
+            return False
+    return all(ch == 0x2A for ch in pattern[p:])
 
 
-def _hashed(field: str, name: str) -> bool:
-    """`|1|base64(salt)|base64(HMAC-SHA1(salt, name))` (ssh-keygen -H) names `name`."""
+def _hashed(field: bytes, name: bytes) -> bool:
+    """`|1|base64(salt)|base64(HMAC-SHA1(salt, name))` (ssh-keygen -H) names `name`: OpenSSH
+    hashes the name with the line's salt and compares the whole field as text."""
+    parts = field.split(b"|")
+    if len(parts) != 4 or parts[:2] != [b"", b"1"]:
+        return False
     try:
-        salt, digest = (base64.b64decode(part, validate=True) for part in field[3:].split("|"))
+        salt = base64.b64decode(parts[2], validate=True)
     except (ValueError, binascii.Error):
         return False
-    mac = hmac.new(salt, name.encode(), hashlib.sha1).digest()
-    return hmac.compare_digest(mac, digest)
+    if len(salt) != 20:  # SHA-1's size, as OpenSSH requires
+        return False
+    mac = hmac.new(salt, name, hashlib.sha1).digest()
+    expected = b"|1|" + base64.b64encode(salt) + b"|" + base64.b64encode(mac)
+    return hmac.compare_digest(expected, field)
 
 
-def names_host(field: str, name: str) -> bool:
-    """Does a line's host field name `name`? A negated pattern that matches wins."""
-    if field.startswith("|1|"):
+def _ascii_lower(text: bytes) -> bytes:
+    return text.lower()  # bytes.lower() changes A-Z only, as OpenSSH's tolower() in C
+
+
+def names_host(field: str | bytes, name: str | bytes) -> bool:
+    """Does a line's host field name `name`? A negated pattern that matches wins. Names and
+    patterns compare case-insensitively in ASCII only (OpenSSH lowercases both)."""
+    field = field.encode() if isinstance(field, str) else field
+    name = _ascii_lower(name.encode() if isinstance(name, str) else name)
+    if field.startswith(b"|"):
         return _hashed(field, name)
     named = False
-    for pattern in field.split(","):
-        if pattern.startswith("!"):
+    for pattern in _ascii_lower(field).split(b","):
+        if pattern.startswith(b"!"):
             if _glob(pattern[1:], name):
                 return False
         elif _glob(pattern, name):
@@ -78,34 +104,98 @@ def names_host(field: str, name: str) -> bool:
     return named
 
 
-def valid_key(keytype: str, blob: str) -> bool:
-    """A known key type whose base64 blob decodes and names that same type (its first field)."""
-    if keytype not in KEY_TYPES:
-        return False
+def _blob(token: bytes) -> bytes | None:
+    """A key blob as OpenSSH's b64_pton reads it: whitespace inside is skipped (a CR before the
+    line end, a form feed), anything else outside base64 makes it no key."""
+    compact = bytes(ch for ch in token if ch not in b"\r\x0b\x0c\n ")
     try:
-        raw = base64.b64decode(blob, validate=True)
+        return base64.b64decode(compact, validate=True)
     except (ValueError, binascii.Error):
-        return False
+        return None
+
+
+def valid_key(keytype: str, blob: str | bytes) -> bool:
+    """A known key type whose base64 blob decodes and names that same type (its first field)."""
+    return _key_text(keytype.encode(), blob.encode() if isinstance(blob, str) else blob) is not None
+
+
+def _key_text(keytype: bytes, token: bytes) -> str | None:
+    """`keytype base64` (canonical base64) of a well-formed key, or None."""
+    if keytype.decode("ascii", "replace") not in KEY_TYPES:
+        return None
+    raw = _blob(token)
+    if raw is None:
+        return None
     size = int.from_bytes(raw[:4], "big")
-    return len(raw) > 4 + size and raw[4 : 4 + size] == keytype.encode()
+    if not (len(raw) > 4 + size and raw[4 : 4 + size] == keytype):
+        return None
+    return f"{keytype.decode()} {base64.b64encode(raw).decode()}"
 
 
-def keys_for(text: str, names: Sequence[str]) -> list[str]:
+_BLANK = b" \t"
+_MARKERS = (b"@cert-authority", b"@revoked")
+
+
+def _token(text: bytes, at: int, ends: bytes) -> int:
+    """The index where the token starting at `at` ends: the first byte of `ends`, or the end."""
+    while at < len(text) and text[at] not in ends:
+        at += 1
+    return at
+
+
+def _skip_blank(text: bytes, at: int) -> int:
+    while at < len(text) and text[at] in _BLANK:
+        at += 1
+    return at
+
+
+def _parts(line: bytes) -> tuple[bytes | None, bytes, bytes, bytes] | None:
+    """(marker, hosts, keytype, blob) of one line, as OpenSSH's hostkeys_foreach and sshkey_read
+    cut it, or None for a comment or a line without a key. Only spaces and tabs separate
+    fields (a form feed, NBSP, U+2028 or U+0085 is part of a field). The line is a C string:
+    the host field also ends at a NUL (the key is read after it), and the key's part of the
+    line ends at the first NUL after the host field."""
+    at = _skip_blank(line, 0)
+    if at == len(line) or line[at] in b"\0#":
+        return None
+    marker = None
+    if line[at : at + 1] == b"@":
+        end = _token(line, at, _BLANK + b"\0")
+        if line[at:end] not in _MARKERS or end == len(line) or line[end] == 0:
+            return None  # OpenSSH: a bad marker, the line is skipped
+        marker, at = line[at:end], _skip_blank(line, end)
+    end = _token(line, at, _BLANK + b"\0")
+    hosts = line[at:end]
+    if end >= len(line):
+        return None  # no key after the names
+    rest = line[end + 1 :].split(b"\0", 1)[0]
+    at = _skip_blank(rest, 0)
+    type_end = _token(rest, at, _BLANK)
+    if type_end == len(rest) or rest[at : at + 1] == b"#":
+        return None  # a key type must be followed by its blob
+    blob_at = _skip_blank(rest, type_end)
+    return marker, hosts, rest[at:type_end], rest[blob_at : _token(rest, blob_at, _BLANK)]
+
+
+def keys_for(text: str | bytes, names: Sequence[str]) -> list[str]:
     """`keytype base64` of every plain key `text` pins for any of `names`, in file order, once
-    each; revoked keys left out. Lines that are not well-formed are ignored, as OpenSSH does."""
+    each; revoked keys left out. Read as OpenSSH reads it (hostfile.c): bytes, lines end at a
+    newline only, fields split on spaces and tabs only (_parts); lines that are not
+    well-formed are ignored."""
+    raw = text.encode() if isinstance(text, str) else text
     found: list[str] = []
     revoked: set[str] = set()
-    for line in text.splitlines():
-        fields = line.split()
-        if not fields or fields[0].startswith("#"):
+    for line in raw.split(b"\n"):
+        parts = _parts(line)
+        if parts is None:
             continue
-        marker = fields.pop(0) if fields[0].startswith("@") else None
-        if len(fields) < 3 or not valid_key(fields[1], fields[2]):
+        marker, hosts, keytype, blob = parts
+        key = _key_text(keytype, blob)
+        if key is None:
             continue
-        key = f"{fields[1]} {fields[2]}"
-        if marker == "@revoked":
+        if marker == b"@revoked":
             revoked.add(key)
-        elif marker is None and key not in found and any(names_host(fields[0], n) for n in names):
+        elif marker is None and key not in found and any(names_host(hosts, n) for n in names):
             found.append(key)
     return [key for key in found if key not in revoked]
 
@@ -136,8 +226,8 @@ def pinned_keys(path: str | None, names: Sequence[str]) -> tuple[str, ...]:
             if len(_cache) > 64:  # a long-lived process (servefleet's verbs): bounded
                 _cache.clear()
             with os.fdopen(os.dup(fd), "rb") as fh:
-                text = fh.read(MAX_BYTES).decode("utf-8", errors="replace")
-            _cache[cache_key] = tuple(keys_for(text, names))
+                raw = fh.read(MAX_BYTES)  # bytes, as OpenSSH reads it: never decoded
+            _cache[cache_key] = tuple(keys_for(raw, names))
     finally:
         os.close(fd)
     keys = _cache[cache_key]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TypeGuard
 from urllib.parse import quote
 
-from servefleet.core import node_output, records
+from servefleet.core import deadline_http, node_output, records
 from servefleet.core.errors import DataError
 from servefleet.core.secrets import SECRET_RE, SecretError, read_secret
 
@@ -56,7 +56,12 @@ def safe_repo_path(path: object) -> TypeGuard[str]:
 
 
 class HubError(Exception):
-    """The hub did not give us the commit or its file list; the message never holds the token."""
+    """The hub did not give us the commit or its file list; the message never holds the token.
+    Whatever the hub wrote in it (X-Error-Code, a URL) is escaped: no terminal escape, line
+    break or bidi control reaches the operator's terminal (node_output.shown)."""
+
+    def __init__(self, message: str):
+        super().__init__(node_output.shown(str(message)))
 
 
 @dataclass(frozen=True)
@@ -97,10 +102,16 @@ class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         if _origin(newurl) != _origin(req.full_url):
             raise HubError(f"the hub redirected to another origin ({newurl[:100]}); refused")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None:
+            deadline_http.set_deadline(new, deadline_http.deadline_of(req))  # redirects included
+        return new
 
 
-_OPENER = urllib.request.build_opener(_SameOriginRedirects)
+# One deadline per request covers connecting, the status line, headers and body.
+_OPENER = urllib.request.build_opener(
+    _SameOriginRedirects, deadline_http.HTTPHandler, deadline_http.HTTPSHandler
+)
 
 
 def _refuse_constant(name: str):
@@ -130,7 +141,7 @@ def _get_json(url: str, token: str | None, timeout: float, what: str):
     )
     if token:
         req.add_unredirected_header("Authorization", f"Bearer {token}")
-    deadline = time.monotonic() + timeout
+    deadline = deadline_http.set_deadline(req, time.monotonic() + timeout)
     try:
         with _OPENER.open(req, timeout=timeout) as resp:
             body = _read_bounded(resp, deadline, timeout, what)
@@ -154,6 +165,10 @@ def _get_json(url: str, token: str | None, timeout: float, what: str):
         raise HubError(f"{what}: the hub answered HTTP {exc.code} {code}".rstrip()) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError) or time.monotonic() > deadline:
+            raise HubError(
+                f"{what}: the hub's answer took longer than {timeout:g} s; refused"
+            ) from None
         raise HubError(f"{what}: cannot reach the hub: {reason}") from None
     try:
         return json.loads(body, parse_constant=_refuse_constant), link

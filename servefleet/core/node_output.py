@@ -38,12 +38,19 @@ def as_name(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+# What never reaches the operator's terminal as it is: C0 and C1 controls (ESC starts a terminal
+# escape), DEL, line and paragraph separators, bidi controls, lone surrogates (bytes not UTF-8).
+_UNPRINTABLE = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+    r"\ud800-\udfff]"
+)
 
 
 def shown(name: str) -> str:
-    """A name for one line of a message: bytes that are not UTF-8, control characters and line
-    separators written as escapes (\\xNN, \\n, \\u2028)."""
+    """Remote text (a node's name or output, a hub's or an engine's words) for one line of a
+    message on the operator's terminal: bytes that are not UTF-8, control characters, line
+    separators and bidi controls written as escapes (\\xNN, \\n, \\x1b, \\u2028, \\u202e).
+    The one place such text is made printable."""
 
     def esc(m):
         ch = m.group(0)

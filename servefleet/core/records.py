@@ -10,6 +10,7 @@ Only root can write these files, so they are parsed as a careful reader, not as 
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import re
 import shlex
@@ -95,6 +96,14 @@ def _constant(name):
     raise RecordError(f"{name} is not a number a record holds")
 
 
+def _finite(literal: str) -> float:
+    """A JSON number as a float, never inf (1e999 would read as infinity)."""
+    value = float(literal)
+    if not math.isfinite(value):
+        raise RecordError(f"{literal[:40]} is out of range for a number a record holds")
+    return value
+
+
 def load(text: str, what: str, empty=None):
     """The JSON value of a record's text (`empty` for a file of whitespace only); RecordError
     naming `what` when it is not one."""
@@ -107,7 +116,9 @@ def load(text: str, what: str, empty=None):
     if not _depth_ok(text):
         raise RecordError(f"{what} is nested deeper than {MAX_DEPTH} levels")
     try:
-        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant)
+        return json.loads(
+            text, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_finite
+        )
     except RecordError as exc:
         raise RecordError(f"{what}: {exc}") from None
     except ValueError as exc:
@@ -140,7 +151,12 @@ def text(doc: dict, key: str, what: str, limit: int = 1024, optional: bool = Fal
 def abs_path(doc: dict, key: str, what: str) -> str:
     """An absolute, normalised path below the root directory (never `/` itself)."""
     value = text(doc, key, what)
-    if not (value.startswith("/") and posixpath.normpath(value) == value and value.count("/") >= 2):
+    if not (
+        value.startswith("/")
+        and not value.startswith("//")  # normpath keeps a leading //: //etc is /etc
+        and posixpath.normpath(value) == value
+        and value.count("/") >= 2
+    ):
         raise RecordError(
             f"{what}: {key!r} is not an absolute normalised path below / ({value[:80]!r})"
         )

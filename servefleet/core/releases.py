@@ -42,6 +42,7 @@ GATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "engine_version": (str, type(None)),
     "kv_user": str,
 }
+GATE_SECONDS_MAX = 7 * 86400  # the data's bound on any wait (core.validate.SECONDS_MAX)
 MAX_KEPT = 64  # previous releases a record may list (releases_keep is far below)
 
 
@@ -107,6 +108,8 @@ class Release:
             kinds = GATE_TYPES[key]
             if not isinstance(value, kinds) or (isinstance(value, bool) and kinds is int):
                 raise RecordError(f"{what}'s gate: {key!r} has the wrong type")
+            if isinstance(value, int) and kinds is int and not 0 <= value <= GATE_SECONDS_MAX:
+                raise RecordError(f"{what}'s gate: {key!r} is out of range (0..{GATE_SECONDS_MAX})")
         perf, argv = doc.get("perf"), doc.get("probe_argv", [])
         if perf is not None and not isinstance(perf, dict):
             raise RecordError(f"{what}: 'perf' is not an object")

@@ -23,7 +23,8 @@ def read_secret(path: str | Path) -> str:
     """The secret in `path` (operator side); SecretError naming the problem, never the value."""
     p = Path(path).expanduser()
     try:
-        raw = read_regular(p, MAX_SECRET_FILE_BYTES)  # never a FIFO (hangs) or /dev/zero
+        # never a FIFO (hangs) or /dev/zero; never a file another user may change
+        raw = read_regular(p, MAX_SECRET_FILE_BYTES, key="secret")
     except FileNotFoundError:
         raise SecretError(f"{p} does not exist") from None
     except OSError as exc:

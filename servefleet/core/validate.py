@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from servefleet.core import sizes
+
 # Characters that may never reach a node inside a value: C0/C1 controls, DEL, whitespace.
 # Whitespace, C0/C1 controls, line separators, and the bidi controls that make text read other
 # than it runs ("Trojan Source").
@@ -28,6 +30,9 @@ _UNSAFE = re.compile(
 class Check:
     expected: str  # the expected form, in words, for error messages
     ok: Callable[[Any], bool]
+    # How an accepted value is read, when it may be written in more than one form (a size:
+    # 8GiB is 8589934592); None: as it is.
+    normal: Callable[[Any], Any] | None = None
 
 
 def _is_int(v) -> bool:
@@ -58,6 +63,19 @@ def integer(lo: int | None = None, hi: int | None = None) -> Check:
     return Check(
         words, lambda v: _is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi)
     )
+
+
+def size(lo: int, hi: int) -> Check:
+    """A byte count (core.sizes): an integer, or 8G / 8GiB / 512M / 1.5GiB, from lo to hi."""
+
+    def ok(v) -> bool:
+        try:
+            return lo <= sizes.parse_size(v) <= hi
+        except sizes.SizeError:
+            return False
+
+    top = f"{hi >> 50} PiB" if hi % (1 << 50) == 0 else str(hi)
+    return Check(f"{sizes.EXPECTED}, from {lo} to {top}", ok, sizes.parse_size)
 
 
 def pattern(words: str, regex: str) -> Check:
@@ -104,45 +122,14 @@ SERVED_NAME = Check(
     lambda v: ARG.ok(v) and not v.startswith("-"),
 )
 
-# Account names: what useradd accepts on Debian/Ubuntu, and never an account that is root's.
-_SYSTEM_ACCOUNTS = {
-    "root",
-    "daemon",
-    "bin",
-    "sys",
-    "sync",
-    "games",
-    "man",
-    "lp",
-    "mail",
-    "news",
-    "uucp",
-    "proxy",
-    "www-data",
-    "backup",
-    "list",
-    "irc",
-    "nobody",
-    "systemd-network",
-    "systemd-resolve",
-    "messagebus",
-    "sshd",
-    "_apt",
-    "sudo",
-    "adm",
-    "wheel",
-    "shadow",
-    "disk",
-    "kmem",
-    "tty",
-}
+# An account servefleet makes its own (servefleet_user, depot_user): what useradd takes on
+# Debian/Ubuntu. Whether the name is free is the node's to say: an account or group it already
+# has that is not servefleet's (root, sshd, docker, video, ...) is refused there, before anything
+# changes (core.node.account_problem, the one rule).
 ACCOUNT = Check(
-    "an unprivileged account name like servefleet (lowercase, not root or a system account)",
-    lambda v: (
-        _is_str(v)
-        and re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v) is not None
-        and v not in _SYSTEM_ACCOUNTS
-    ),
+    "a name for an account of servefleet's own (lowercase letters, digits, '_', '-'; at most "
+    "32); one the node already has for another account or group is refused on the node",
+    lambda v: _is_str(v) and re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v) is not None,
 )
 
 
@@ -233,7 +220,9 @@ def one_of(*choices) -> Check:
 
 
 def optional(check: Check) -> Check:
-    return Check(f"{check.expected} or None", lambda v: v is None or check.ok(v))
+    inner = check.normal
+    normal = None if inner is None else (lambda v: None if v is None else inner(v))
+    return Check(f"{check.expected} or None", lambda v: v is None or check.ok(v), normal)
 
 
 def list_of(check: Check, non_empty: bool = False) -> Check:

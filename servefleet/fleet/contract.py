@@ -72,8 +72,8 @@ SHARED: tuple[Knob, ...] = (
     K("require_gpu", c.BOOL, (BASE,)),
     K("min_driver_version", c.integer(1, 100000), (BASE,)),
     K("expected_arch", c.optional(c.one_of("x86_64", "aarch64")), (BASE,)),
-    K("min_free_disk_bytes", c.integer(0, c.BYTES_MAX), (BASE,)),
-    K("usable_memory_bytes", c.optional(c.integer(1, c.BYTES_MAX)), ()),
+    K("min_free_disk_bytes", c.size(0, c.BYTES_MAX), (BASE,)),
+    K("usable_memory_bytes", c.optional(c.size(1, c.BYTES_MAX)), ()),
     # --- OS packages and Python ----------------------------------------------------------------
     K("os_packages", c.dict_of(c.NAME, c.list_of(c.NAME)), (BASE,)),
     K("python_interpreter", c.dict_of(c.NAME, c.TEXT), (BASE,)),
@@ -168,7 +168,7 @@ SHARED: tuple[Knob, ...] = (
     K("model_source", c.one_of("hub", "depot"), (SERVE, MODEL)),
     K("depot_host", c.optional(c.NAME), (SERVE, MODEL)),
     K("huggingface_hub_version", c.VERSION, (SERVE, DEPOT, MODEL)),
-    K("download_margin_bytes", c.integer(0, c.BYTES_MAX), (SERVE, DEPOT, MODEL)),
+    K("download_margin_bytes", c.size(0, c.BYTES_MAX), (SERVE, DEPOT, MODEL)),
     K("hub_timeout_seconds", c.integer(1, 3600), (SERVE, DEPOT, MODEL)),
     K(
         "model_repo",
@@ -187,8 +187,8 @@ SHARED: tuple[Knob, ...] = (
     K("depot_store", c.optional(c.DEDICATED_DIR), (DEPOT, SERVE, MODEL)),
     K("depot_models", _DEPOT_MODEL, (DEPOT,)),
     # --- the roofline of `servefleet bench` (the node class's bandwidth, the model's bytes) -----
-    K("memory_bandwidth_bytes_per_s", c.optional(c.integer(1, c.BYTES_MAX)), (BENCH,)),
-    K("bytes_per_token", c.optional(c.integer(1, c.BYTES_MAX)), (BENCH,)),
+    K("memory_bandwidth_bytes_per_s", c.optional(c.size(1, c.BYTES_MAX)), (BENCH,)),
+    K("bytes_per_token", c.optional(c.size(1, c.BYTES_MAX)), (BENCH,)),
     # --- operational: set by a verb, not by operators ------------------------------------------
     K("purge_models", c.BOOL, (REBUILD,), scope=OPERATIONAL),
     K("previous_release", c.BOOL, (ROLLBACK,), scope=OPERATIONAL),

@@ -21,6 +21,7 @@ from typing import Any
 from servefleet.core import validate as c
 from servefleet.core.errors import DataError
 from servefleet.core.fleetkey import depot_key_problem
+from servefleet.core.operator_files import ssh_key_problem
 from servefleet.core.owned_flags import owned_flag_problems
 from servefleet.core.secrets import SecretError, read_secret
 from servefleet.fleet import contract, registry
@@ -130,6 +131,13 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
                 read_secret(data[key])
             except SecretError as exc:
                 problems.append(f"key {key!r} from {host.source_of(key)}: {exc}")
+    login_key = data.get("ssh_key")  # here, not as a traceback when pyinfra connects
+    login_problem = login_key is not None and ssh_key_problem(login_key)
+    if login_problem:
+        problems.append(
+            f"key 'ssh_key' from {host.source_of('ssh_key')}: {login_problem}; expected the SSH "
+            f"private key to log in to {host.name} with"
+        )
     key_problem = depot_key_problem(data)  # here, not when the depot or a copy first needs it
     if key_problem:
         problems.append(
@@ -281,8 +289,30 @@ def root_reads_problems(data: Mapping) -> list[str]:
     return problems
 
 
+def normalised(data: Mapping) -> dict:
+    """The values of `data` written in another form than the one servefleet reads (a size:
+    8GiB), read (8589934592); only valid values, only the keys that change."""
+    out = {}
+    for key, value in data.items():
+        knob = contract.BY_NAME.get(key)
+        if knob is not None and knob.check.normal is not None and knob.check.ok(value):
+            normal = knob.check.normal(value)
+            if normal != value or type(normal) is not type(value):
+                out[key] = normal
+    return out
+
+
+def settle(host_data) -> None:
+    """Give a pyinfra host's data (`host.data`: --data over fleet.yml over group_data) each
+    value as servefleet reads it, by pyinfra's own way to set a host's data (`host.data.key =`,
+    which no other layer overrides): every reader then sees 8589934592, not 8GiB."""
+    for key, value in normalised(host_data.dict()).items():
+        setattr(host_data, key, value)
+
+
 def validate(host: HostData, recipe: str | None = None) -> dict:
-    """The merged data of a valid host; DataError (one line, nothing changed) otherwise."""
+    """The merged data of a valid host, each value as servefleet reads it (normalised); DataError
+    (one line, nothing changed) otherwise."""
     problems = [p for layer in host.layers for p in unknown_key_problems(layer)]
     data = host.merged()
     if not problems:
@@ -291,7 +321,7 @@ def validate(host: HostData, recipe: str | None = None) -> dict:
         raise DataError(
             f"invalid data for host {host.name}: " + "; ".join(problems) + "; nothing was changed"
         )
-    return data
+    return {**data, **normalised(data)}
 
 
 def recipe_of(deploy_path: str | None) -> str | None:
@@ -304,5 +334,6 @@ def recipe_of(deploy_path: str | None) -> str | None:
 
 def serving_digest(data: Mapping) -> str:
     """sha256 of the knobs that change what serves (contract: serving=True), for releases."""
+    data = {**data, **normalised(data)}  # 8GiB and 8589934592 are one release
     doc = {k: data.get(k) for k in sorted(contract.serving_keys())}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()

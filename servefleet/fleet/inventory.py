@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextvars
 import os
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ import click
 import pyinfra
 from pyinfra_cli.util import parse_cli_arg
 
-from servefleet.core import groupdata
+from servefleet.core import groupdata, host_keys, project, validate as c
 from servefleet.core.errors import DataError, Exit
 from servefleet.core.fleet_yaml import FleetError, read_yaml, show as _show
 from servefleet.fleet.data import HostData, Layer, recipe_of, validate
@@ -41,6 +40,24 @@ SSH_KEYS = {
 }
 ENTRY_KEYS = {"name", "role", "sudo", "data", *SSH_KEYS}
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# What each string connection key may hold: exact forms (a value starting with '-' would be read
+# as an option by a command it reaches; DEL and bidi controls are never part of a name).
+_ADDRESS = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})")
+SSH_FORMS = {
+    "ssh_hostname": c.Check(
+        "a host name or IP address (letters, digits, '.', '_', '-', not starting with '-')",
+        lambda v: bool(_ADDRESS.fullmatch(v)) or (":" in v and c.IP.ok(v)),
+    ),
+    "ssh_user": c.pattern(
+        "a user name (letters, digits, '.', '_', '-', not starting with '-')",
+        r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}",
+    ),
+    "ssh_key": c.Check(
+        "a file path without spaces or control characters, not starting with '-'",
+        lambda v: c.safe_text(v) and not v.startswith("-"),
+    ),
+}
+SSH_FORMS["ssh_known_hosts_file"] = SSH_FORMS["ssh_key"]
 
 
 # --- the run this inventory is loaded for: --data and the deploy --------------------------------
@@ -77,6 +94,9 @@ def run_context() -> RunContext:
         for arg in params.get("data") or ():
             key, _, value = arg.partition("=")
             data[key] = parse_cli_arg(value)
+        for key in ("ssh_user", "ssh_key", "ssh_port"):  # --user, --key, --port, as pyinfra
+            if params.get(key):
+                data[key] = params[key]
         deploys = [op for op in params.get("operations") or () if op.endswith(".py")]
         return RunContext(data, deploys[0] if deploys else None)
     return RunContext()
@@ -110,7 +130,8 @@ def load_fleet(path: str | Path) -> list[FleetHost]:
             "expected a mapping with a 'hosts' list (and x-* keys for "
             "anchors to merge, e.g. x-defaults: &d {ssh_user: ubuntu})",
         )
-    hosts, seen = [], set()
+    hosts: list[FleetHost] = []
+    seen: dict[str, tuple[int, str]] = {}
     for i, entry in enumerate(raw["hosts"]):
         where = f"hosts[{i}]"
         if not isinstance(entry, dict):
@@ -123,9 +144,22 @@ def load_fleet(path: str | Path) -> list[FleetHost]:
                 f"'name' = {_show(name)}: expected a host name (letters, digits, . _ -)",
             )
         where = f"hosts[{i}] ({name})"
-        if name in seen:
-            _fail(path, where, "duplicate name")
-        seen.add(name)
+        # DNS and SSH see Spark-01, spark-01 and spark-01. as one machine: one entry each.
+        key = name.lower().rstrip(".")
+        if key in seen:
+            j, other = seen[key]
+            _fail(
+                path,
+                where,
+                "duplicate name"
+                + (
+                    f": the same host as hosts[{j}] ({other}), the names differ only in case "
+                    f"or a trailing dot"
+                    if other != name
+                    else ""
+                ),
+            )
+        seen[key] = (i, name)
         unknown = sorted((set(entry) - ENTRY_KEYS), key=repr)
         if unknown:
             _fail(path, where, f"unknown keys {unknown}; allowed: {sorted(ENTRY_KEYS)}")
@@ -138,11 +172,27 @@ def load_fleet(path: str | Path) -> list[FleetHost]:
                 value = entry[key]
                 if not isinstance(value, typ) or isinstance(value, bool):
                     _fail(path, where, f"{key!r} = {_show(value)}: expected {typ.__name__}")
-                if typ is str and (not value or any(ch.isspace() or ord(ch) < 32 for ch in value)):
-                    _fail(path, where, f"{key!r} = {_show(value)}: expected a value without spaces")
+                if typ is str and not c.safe_text(value):
+                    _fail(
+                        path,
+                        where,
+                        f"{key!r} = {_show(value)}: expected a value without spaces or control "
+                        f"characters",
+                    )
+                form = SSH_FORMS.get(key)
+                if form is not None and not form.ok(value):
+                    _fail(path, where, f"{key!r} = {_show(value)}: expected {form.expected}")
                 connection[key] = value
         if "ssh_key" in connection:
-            connection["ssh_key"] = str(Path(connection["ssh_key"]).expanduser())
+            try:
+                connection["ssh_key"] = str(Path(connection["ssh_key"]).expanduser())
+            except RuntimeError:  # ~nosuchuser/key: no such user's home
+                _fail(
+                    path,
+                    where,
+                    f"'ssh_key' = {_show(connection['ssh_key'])}: ~user names no user here; "
+                    f"expected a path to your SSH private key",
+                )
         if "ssh_port" in connection and not 0 < connection["ssh_port"] < 65536:
             _fail(path, where, f"'ssh_port' = {connection['ssh_port']}: expected 1-65535")
         if "sudo" in entry:
@@ -184,42 +234,9 @@ class InventoryHost:
     data_source: str  # where the host data was written
 
 
-_warned: set[str] = set()
-
-
-def host_key_checking_off(data: dict) -> str | None:
-    """How this host's data switches host-key checking off, or None: the explicit values, and a
-    known_hosts file that keeps nothing (a device such as /dev/null, or an empty path)."""
-    strict = data.get("ssh_strict_host_key_checking")
-    if strict is not None and str(strict).strip().lower() in ("no", "off", "false", "0", ""):
-        return f"ssh_strict_host_key_checking: {strict}"
-    known = data.get("ssh_known_hosts_file")
-    if known is not None:
-        path = Path(str(known)).expanduser()
-        if (
-            str(known).strip() == ""
-            or str(path).startswith(("/dev/", "/proc/"))
-            or (path.exists() and not path.is_file())
-        ):
-            return f"ssh_known_hosts_file: {known} (keeps no key)"
-    return None
-
-
-def _warn_host_keys(hosts: Sequence[InventoryHost]) -> None:
-    for h in hosts:
-        how = host_key_checking_off(h.data)
-        if how and h.name not in _warned:
-            _warned.add(h.name)
-            print(
-                f"servefleet: WARNING: SSH host-key checking is OFF for {h.name} "
-                f"({how}, {h.data_source}): anyone between you and it can impersonate the "
-                f"node. Pin its key in ssh_known_hosts_file.",
-                file=sys.stderr,
-            )
-
-
 def validate_hosts(hosts: Sequence[InventoryHost], cwd: str | Path = ".") -> None:
     """Validate every host's whole data as pyinfra will merge it; DataError on the first bad host."""
+    project.check_group_data(cwd)  # else every default would be named as missing
     ctx = run_context()
     recipe = recipe_of(ctx.deploy)
     cache: dict[str, dict | None] = {}
@@ -229,7 +246,7 @@ def validate_hosts(hosts: Sequence[InventoryHost], cwd: str | Path = ".") -> Non
             cache[name] = groupdata.load_group(name, cwd)
         return cache[name]
 
-    _warn_host_keys(hosts)
+    checked = []
     for h in hosts:
         layers = [Layer("--data", ctx.override_data), Layer(h.data_source, h.data)]
         for g in reversed(h.groups):  # later groups win in pyinfra: first here
@@ -237,7 +254,11 @@ def validate_hosts(hosts: Sequence[InventoryHost], cwd: str | Path = ".") -> Non
                 layers.append(Layer(f"{groupdata.GROUP_DATA}/{g}.py", group(g)))
         if group("all") is not None:
             layers.append(Layer(f"{groupdata.GROUP_DATA}/all.py", group("all")))
-        validate(HostData(h.name, h.groups, layers), recipe)
+        checked.append(HostData(h.name, h.groups, layers))
+    for host in checked:  # every layer: fleet.yml, --data, group_data; and the ssh config
+        host_keys.warn(host.name, host.merged(), host.source_of)
+    for host in checked:
+        validate(host, recipe)
 
 
 def stop_on_bad_input(func):
@@ -259,6 +280,7 @@ def fleet_groups(inventory_file: str, roles: Sequence[str] = ROLES) -> list[list
     """
 
     def build():
+        project.check_cwd(inventory_file)  # fleet.yml and group_data/ are read from here
         file_group = Path(inventory_file).stem
         hosts = [h for h in load_fleet(fleet_path()) if h.role in roles]
         validate_hosts(

@@ -11,8 +11,8 @@ from __future__ import annotations
 from servefleet.core.declarations import NodeClass
 from servefleet.core.knobs import DEPOT
 
-SPARK = NodeClass("spark", "DGX Spark (GB10, aarch64, sm_121, 128 GB unified memory)", "vllm")
-RTX4090 = NodeClass("rtx4090", "RTX 4090 (24 GB VRAM, x86_64)", "llamacpp")
-DEPOT_CLASS = NodeClass("depot", "Model depot (storage, no GPU)", None, store=True, deploy=DEPOT)
+SPARK = NodeClass("spark", "DGX Spark (GB10)", "vllm")
+RTX4090 = NodeClass("rtx4090", "RTX 4090", "llamacpp")
+DEPOT_CLASS = NodeClass("depot", "model depot", None, store=True, deploy=DEPOT)
 
 NODE_CLASSES: tuple[NodeClass, ...] = (SPARK, RTX4090, DEPOT_CLASS)

@@ -2,7 +2,7 @@
 
 Both operations are no-ops when the node is already as data says, so a converge with nothing
 to do yields no command, and neither starts a Python interpreter to find out: versions come
-from `*.dist-info/METADATA` (facts.vllm.DistVersions), torch.version.cuda from torch/version.py.
+from `*.dist-info/METADATA` (facts.pyenv.DistVersions), torch.version.cuda from torch/version.py.
 """
 
 from __future__ import annotations

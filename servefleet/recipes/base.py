@@ -30,7 +30,7 @@ from servefleet.facts.node import (
 )
 from servefleet.facts.pyenv import DistVersions
 from servefleet.fleet import registry
-from servefleet.fleet.data import HostData, Layer, root_reads, validate
+from servefleet.fleet.data import HostData, Layer, root_reads, settle, validate
 from servefleet.operations import files, node, pyenv, root_paths
 from servefleet.recipes.steps import deploy
 
@@ -66,6 +66,7 @@ def begin(recipe: str, plan: Callable[[], None] | None = None) -> bool:
     it does not act on. plan: what the recipe's own steps read besides the base (an engine's
     steps pass theirs), planned with the base's as one read."""
     validate(HostData(host.name, list(host.groups), [Layer("this host's data", data())]), recipe)
+    settle(host.data)  # 8GiB from --data or fleet.yml: read as bytes by every step
     if registry.applies(recipe, host.groups):
         plan_base()
         if plan is not None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from servefleet.core import perf
 from servefleet.core.layout import NodeLayout, api_url
 from servefleet.facts.releases import NodeReleases
+from servefleet.fleet import registry
 from servefleet.operations.files import put
 from servefleet.operations.node import run
 from servefleet.recipes.base import python
@@ -44,6 +45,28 @@ class NodeResult:
     # the node cannot tell.
     median_own_ttft_s: float | None = None
     median_own_decode_tok_s: float | None = None
+    skipped: str | None = None  # why this host was not benched (no serving engine): no failure
+    roofline_note: str | None = None  # why no roofline figure means anything here (testbed)
+
+
+def not_serving(host) -> str | None:
+    """Why a host has no serving engine to bench (a class without one: the depot), or None."""
+    groups = list(getattr(host, "groups", ()) or ())
+    cls = registry.node_class_of(groups)
+    if cls is not None and registry.engine_of(groups) is None:
+        return f"no serving engine (role {cls.name}): nothing to bench"
+    return None
+
+
+def no_roofline(host, data) -> str | None:
+    """Why the data's roofline means nothing on this host, or None: a testbed host (the group
+    `testbed`, or the vLLM stand-in as its engine) is none of the node classes whose roofline the
+    data holds (a CPU serves it)."""
+    if data.get("vllm_executable"):
+        return "testbed: the engine stand-in (vllm_executable), not the engine on the hardware the roofline is for"
+    if "testbed" in set(getattr(host, "groups", ()) or ()):
+        return "testbed: served on the CPU, not on the hardware the roofline is for"
+    return None
 
 
 def roofline(bandwidth_bytes_per_s, bytes_per_token) -> float | None:
@@ -53,7 +76,9 @@ def roofline(bandwidth_bytes_per_s, bytes_per_token) -> float | None:
     return None
 
 
-def bench_host(host, runs: int, prompt_tokens: int, max_tokens: int) -> NodeResult:
+def bench_host(
+    host, runs: int, prompt_tokens: int, max_tokens: int, unit: str | None = None
+) -> NodeResult:
     data = host.data.dict()
     lay = NodeLayout.of(data)
     script = lay.bin("servefleet-stream-bench")
@@ -80,14 +105,15 @@ def bench_host(host, runs: int, prompt_tokens: int, max_tokens: int) -> NodeResu
         args += ["--model", data["served_model_name"]]
     # The key the node serves with, read there (the operator may not hold the key file).
     args += ["--api-key-file", lay.api_key_file]
-    records = host.get_fact(NodeReleases, path=lay.releases_file)
-    if records.current is not None:  # the serving unit's CPU waits (PSI) are measured too
-        args += ["--cgroup", lay.unit_cgroup(records.current.unit)]
+    if unit:  # the serving unit's CPU waits (PSI) are measured too
+        args += ["--cgroup", lay.unit_cgroup(unit)]
     ok, out, err = run(host, " ".join(shlex.quote(a) for a in args))
-    return read_result(host.name, data, ok, out, err)
+    return read_result(host.name, data, ok, out, err, no_roofline(host, data))
 
 
-def read_result(name: str, data, ok: bool, out: str, err: str) -> NodeResult:
+def read_result(
+    name: str, data, ok: bool, out: str, err: str, no_roofline: str | None = None
+) -> NodeResult:
     """What the node-side bench's run says: its figures when both were measured, else why not
     (its last line on stderr: one line for an answer the engine reader refused)."""
     if not ok:
@@ -96,7 +122,11 @@ def read_result(name: str, data, ok: bool, out: str, err: str) -> NodeResult:
     raw = result_line(out)
     if isinstance(raw, str):
         return NodeResult(name, False, raw)
-    top = roofline(data.get("memory_bandwidth_bytes_per_s"), data.get("bytes_per_token"))
+    top = (
+        None
+        if no_roofline
+        else roofline(data.get("memory_bandwidth_bytes_per_s"), data.get("bytes_per_token"))
+    )
     decode = perf.measured(raw.get("median_decode_tok_s"))
     ttft = perf.measured(raw.get("median_ttft_s"))
     why = unmeasured(raw, decode, ttft)
@@ -117,6 +147,7 @@ def read_result(name: str, data, ok: bool, out: str, err: str) -> NodeResult:
         raw["runs"],
         median_own_ttft_s=perf.measured(raw.get("median_own_ttft_s")),
         median_own_decode_tok_s=perf.measured(raw.get("median_own_decode_tok_s")),
+        roofline_note=no_roofline,
     )
 
 
@@ -157,9 +188,17 @@ def result_line(out: str) -> dict | str:
 
 
 def bench(inventory: str, limit=None, runs=5, prompt_tokens=2048, max_tokens=256):
+    """Bench every selected host that serves; a depot is skipped (reached or not), and says so."""
     with api.session(inventory, limit) as sess:
-        results = sess.each(lambda h: bench_host(h, runs, prompt_tokens, max_tokens))
-        out = [NodeResult(n, False, why, unreachable=True) for n, why in sess.unreachable.items()]
+        skip = {h.name: why for h in sess.targets if (why := not_serving(h))}
+        serving = [h for h in sess.targets if h.name not in skip]
+        results = sess.each(lambda h: bench_host(h, runs, prompt_tokens, max_tokens), serving)
+        out = [NodeResult(n, False, skipped=why) for n, why in skip.items()]
+        out += [
+            NodeResult(n, False, why, unreachable=True)
+            for n, why in sess.unreachable.items()
+            if n not in skip
+        ]
         for name, res in results.items():
             out.append(
                 res
@@ -181,6 +220,7 @@ class Comparison:
     lines: list = field(default_factory=list)  # now against previous: both values, the change
     slower: bool = False  # beyond the data's gate thresholds against the previous release
     unreachable: bool = False  # not connected: error says why (exit 3, not 1)
+    skipped: str | None = None  # why this host was not benched (no serving engine): no failure
 
 
 def compare_host(host, runs=None, prompt_tokens=None, max_tokens=None) -> Comparison:
@@ -197,7 +237,8 @@ def compare_host(host, runs=None, prompt_tokens=None, max_tokens=None) -> Compar
         previous=prev.perf if prev else None,
     )
     started = time.monotonic()
-    res = bench_host(host, w.runs, w.prompt_tokens, w.max_tokens)
+    unit = records.current.unit if records.current else None
+    res = bench_host(host, w.runs, w.prompt_tokens, w.max_tokens, unit)
     if not res.ok:
         out.error = res.error
         return out
@@ -235,8 +276,15 @@ def compare_host(host, runs=None, prompt_tokens=None, max_tokens=None) -> Compar
 
 def compare(inventory: str, limit=None, runs=None, prompt_tokens=None, max_tokens=None):
     with api.session(inventory, limit) as sess:
-        results = sess.each(lambda h: compare_host(h, runs, prompt_tokens, max_tokens))
-        out = [Comparison(n, False, why, unreachable=True) for n, why in sess.unreachable.items()]
+        skip = {h.name: why for h in sess.targets if (why := not_serving(h))}
+        serving = [h for h in sess.targets if h.name not in skip]
+        results = sess.each(lambda h: compare_host(h, runs, prompt_tokens, max_tokens), serving)
+        out = [Comparison(n, False, skipped=why) for n, why in skip.items()]
+        out += [
+            Comparison(n, False, why, unreachable=True)
+            for n, why in sess.unreachable.items()
+            if n not in skip
+        ]
         for name, res in results.items():
             out.append(
                 res

@@ -18,6 +18,7 @@ from dataclasses import replace
 from servefleet.core import perf, records
 from servefleet.core.layout import NodeLayout
 from servefleet.core.releases import Releases, with_perf
+from servefleet.facts.releases import NodeReleases
 from servefleet.operations.files import put
 from servefleet.operations.node import run
 from servefleet.verbs.bench import bench_host
@@ -52,12 +53,18 @@ def keep(host, figures: perf.Figures) -> bool:
     return updated is not None and put(host.state, host, path, updated.dumps().encode())
 
 
-def measure(host, kind: str, rollout_id: str) -> perf.Figures | str:
+def serving_unit(host) -> str | None:
+    """The unit the host's current release runs (whose CPU waits the bench measures)."""
+    records = host.get_fact(NodeReleases, path=NodeLayout.of(host.data.dict()).releases_file)
+    return records.current.unit if records.current else None
+
+
+def measure(host, kind: str, rollout_id: str, unit: str | None = None) -> perf.Figures | str:
     """One measurement with the host's gate workload: its figures, or why it failed."""
     settings = perf.Settings.of(host.data.dict())
     w = settings.workload
     started = time.monotonic()
-    res = bench_host(host, w.runs, w.prompt_tokens, w.max_tokens)
+    res = bench_host(host, w.runs, w.prompt_tokens, w.max_tokens, unit)
     if not res.ok:
         return f"the bench failed: {res.error}"
     raw = {
@@ -99,7 +106,7 @@ class PerfGate:
         def one(host):
             if not self.applies(host) or host.name in self.baselines:
                 return None
-            fig = measure(host, "baseline", self.rollout_id)
+            fig = measure(host, "baseline", self.rollout_id, serving_unit(host))
             if isinstance(fig, perf.Figures):
                 keep(host, fig)
             return fig
@@ -127,10 +134,11 @@ class PerfGate:
 
         def one(host):
             th = perf.Settings.of(host.data.dict()).thresholds
+            unit = serving_unit(host)
             state, said, after, spent = decide(
                 self.baselines[host.name],
                 th,
-                lambda: measure(host, "gate", self.rollout_id),
+                lambda: measure(host, "gate", self.rollout_id, unit),
                 lambda line: self.say(f"{host.name}: {line}"),
             )
             if after is not None:
@@ -169,7 +177,8 @@ class PerfGate:
 
         def one(host):
             th = perf.Settings.of(host.data.dict()).thresholds
-            again = [measure(host, "baseline-again", self.rollout_id) for _ in range(2)]
+            unit = serving_unit(host)
+            again = [measure(host, "baseline-again", self.rollout_id, unit) for _ in range(2)]
             return bracket(self.baselines[host.name], again, after[host.name], th)
 
         todo = [h for h in sess.targets if h.name in after and h.name in self.baselines]

@@ -57,14 +57,15 @@ def rebuild(
     purge_models: bool,
     data: dict | None = None,
     say: Callable[[str], None] = lambda m: None,
+    on_operation: Callable[[str], None] | None = None,
 ) -> RebuildResult:
-    """Teardown, then the deploy; `say` hears each phase begin and end (a full converge takes
-    minutes: the operator sees where it is)."""
+    """Teardown, then the deploy; `say` hears each phase begin and end, `on_operation` each
+    operation start (a full converge takes minutes: the operator sees where it is)."""
     result = RebuildResult(names, Exit.OK)
     started = time.monotonic()
     say(f"tearing down {', '.join(names)} ({TEARDOWN}{', models too' if purge_models else ''})")
     result.teardown = api.converge(
-        inventory, TEARDOWN, names, {**(data or {}), "purge_models": purge_models}
+        inventory, TEARDOWN, names, {**(data or {}), "purge_models": purge_models}, on_operation
     )
     if not all(o.ok for o in result.teardown.values()):
         result.exit_code, result.message = Exit.DIFFERS, "teardown failed; not converging"
@@ -74,7 +75,7 @@ def rebuild(
         f"(a first converge: downloads, builds, the health check)"
     )
     started = time.monotonic()
-    result.converge = api.converge(inventory, deploy, names, data)
+    result.converge = api.converge(inventory, deploy, names, data, on_operation)
     say(f"converge finished in {time.monotonic() - started:.0f} s")
     if not all(o.ok for o in result.converge.values()):
         result.exit_code = Exit.DIFFERS

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
@@ -34,7 +35,10 @@ from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
 from servefleet.core.errors import DataError
+from servefleet.core.node_output import shown
+from servefleet.fleet.data import settle
 from servefleet.fleet.inventory import fleet_path, reset_run_context, set_run_context
+from servefleet.verbs.progress import OperationProgress
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(r"^\[([^\]]+)\]\s*(.*)$")
@@ -93,9 +97,10 @@ class Session:
             for line in lines
             if line.startswith("servefleet:") and not line.startswith("servefleet: the journal")
         ]
+        # pyinfra's lines quote what nodes print: escaped before any reaches the terminal
         if ours:
-            return ours[-1].removeprefix("servefleet:").strip()
-        return lines[-1] if lines else default
+            return shown(ours[-1].removeprefix("servefleet:").strip())
+        return shown(lines[-1]) if lines else default
 
 
 def select(inventory, limit: list[str] | None) -> list:
@@ -206,6 +211,8 @@ def session(
     try:
         inventory = load_inventory(inventory_path, state.cwd, data)
         ctx_inventory.set(inventory)
+        for host in inventory:  # validated at load: sizes written 8GiB are read as bytes
+            settle(host.data)
         targets = select(inventory, limit)
         check_selection(inventory_path, inventory, targets, limit)
         state.init(inventory, config, initial_limit=targets)
@@ -283,11 +290,19 @@ def execute(sess: Session) -> dict[str, HostOutcome]:
 
 
 def converge(
-    inventory: str, deploy: str, limit: list[str] | None = None, data: dict | None = None
+    inventory: str,
+    deploy: str,
+    limit: list[str] | None = None,
+    data: dict | None = None,
+    on_operation: Callable[[str], None] | None = None,
 ) -> dict[str, HostOutcome]:
-    """Converge `deploy` on the selected hosts through the API: rebuild's and rollout's path."""
+    """Converge `deploy` on the selected hosts through the API: rebuild's and rollout's path.
+    `on_operation` hears each operation as it starts ("operation 3 of 41: ..."), for a status
+    line: a converge takes minutes."""
     with session(inventory, limit, data, deploy=deploy) as sess:
         if sess.reachable():
             load_deploy(sess, deploy)
+            if on_operation is not None:
+                sess.state.add_callback_handler(OperationProgress(on_operation))
             return execute(sess)
         return {n: HostOutcome(n, False, error=why) for n, why in sess.unreachable.items()}

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import sys
+from pathlib import Path
 
 from rich.console import Console
 
+from servefleet.cli import progress
 from servefleet.cli.bench import render as render_bench
 from servefleet.cli.drift import render as render_drift
 from servefleet.cli.status import render as render_status
+from servefleet.core.errors import InputError
 from servefleet.core.layout import LLAMA_UNIT, NodeLayout
 from servefleet.verbs import drift
 from servefleet.verbs.bench import bench
 from servefleet.verbs.session import converge
 from servefleet.verbs.status import status
 from servefleet_dev.testbed import hosts as tb_hosts, lifecycle, material
+from servefleet_dev.testbed.root import EXIT_NEEDS_ROOT, needs_root
 from servefleet_dev.testbed.state import load_state
 
 INVENTORY = "inventory/testbed.py"
@@ -36,7 +41,9 @@ def register(sub) -> None:
 
 
 def _converge(console: Console, deploy: str, limit: list[str] | None = None) -> bool:
-    outcomes = converge(INVENTORY, deploy, limit)
+    # Minutes on a first run: the status line says which operation runs, and for how long.
+    with progress.status(console, f"converging {deploy}") as line:
+        outcomes = converge(INVENTORY, deploy, limit, on_operation=line.detail)
     for name, o in sorted(outcomes.items()):
         verdict = "[green]ok[/]" if o.ok else f"[red]FAILED[/]: {o.error}"
         console.print(
@@ -46,7 +53,8 @@ def _converge(console: Console, deploy: str, limit: list[str] | None = None) -> 
 
 
 def _drift(console: Console, deploy: str) -> int:
-    report = drift.check(INVENTORY, deploy)
+    with progress.status(console, f"checking drift against {deploy}"):
+        report = drift.check(INVENTORY, deploy)
     console.print(render_drift(report), markup=False, highlight=False)
     return int(report.exit_code)
 
@@ -55,7 +63,23 @@ def _ssh(name: str, command: str) -> None:
     subprocess.run([*tb_hosts.ssh_args(load_state().hosts[name]), command], check=True)
 
 
+def _logged(console: Console, line: progress.Line):
+    """A log callback: the message on the console, and as the status line's detail."""
+
+    def log(message: str) -> None:
+        console.print(f"  {message}", markup=False, highlight=False)
+        line.detail(message)
+
+    return log
+
+
 def run(args) -> int:
+    refused = needs_root("servefleet demo")
+    if refused:
+        print(refused, file=sys.stderr)
+        return EXIT_NEEDS_ROOT
+    if not Path(INVENTORY).is_file():  # before the testbed comes up, not after
+        raise InputError(f"no {INVENTORY} in {Path.cwd()}: run from the repository root")
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
     console = Console()
     names = [h for h in args.hosts.split(",") if h]
@@ -63,8 +87,12 @@ def run(args) -> int:
     serving = [n for n in names if n.startswith(("rtx4090", "spark"))]
 
     console.rule("1. Testbed up: real Debian 12 hosts (systemd-nspawn), reached as a sudo user")
-    lifecycle.up(names, log=lambda m: console.print(f"  {m}"))
-    material.prepare(log=lambda m: console.print(f"  {m}"))
+    # The first run builds the base image and llama.cpp on this machine: minutes of silence
+    # without the status line.
+    with progress.status(console, "bringing the testbed up") as line:
+        lifecycle.up(names, log=_logged(console, line))
+        line.phase("preparing the test material (models, wheels, llama.cpp host build)")
+        material.prepare(log=_logged(console, line))
 
     console.rule("2. Converge both recipes (first run on a machine: llama.cpp builds, minutes)")
     ok = all(
@@ -89,12 +117,17 @@ def run(args) -> int:
 
     if serving:
         console.rule(f"6. Bench the serving nodes ({args.bench_runs} runs, tiny models)")
-        results = bench(INVENTORY, serving, runs=args.bench_runs, prompt_tokens=256, max_tokens=64)
+        with progress.status(console, f"benching {', '.join(serving)}"):
+            results = bench(
+                INVENTORY, serving, runs=args.bench_runs, prompt_tokens=256, max_tokens=64
+            )
         console.print(render_bench(results, args.bench_runs, 64), markup=False, highlight=False)
         ok = ok and all(r.ok for r in results)
 
     console.rule("7. Status")
-    console.print(render_status(status(INVENTORY)), markup=False, highlight=False)
+    with progress.status(console, "reading each node's status"):
+        nodes = status(INVENTORY)
+    console.print(render_status(nodes), markup=False, highlight=False)
     console.print(
         "The testbed stays up: `servefleet testbed ssh NAME`, "
         "`pyinfra inventory/testbed.py DEPLOY`, `servefleet testbed down`."

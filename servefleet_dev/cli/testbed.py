@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servefleet_dev.testbed import hosts, lifecycle
+from servefleet_dev.testbed.root import EXIT_NEEDS_ROOT, needs_root
 from servefleet_dev.testbed.state import load_state
 
 
@@ -51,6 +52,10 @@ def print_status(rows: list[dict], console: Console | None = None) -> None:
 
 
 def run(args) -> int:
+    refused = needs_root(f"servefleet testbed {args.action}")
+    if refused:  # not an empty table, nor a failure half-way that advises the wrong fix
+        print(refused, file=sys.stderr)
+        return EXIT_NEEDS_ROOT
     try:
         if args.action == "up":
             names = [n.strip() for n in args.hosts.split(",") if n.strip()]

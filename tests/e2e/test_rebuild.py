@@ -99,10 +99,11 @@ def test_rebuilt_host_matches_a_fresh_one(material_ready, th, role):
     try:
         run = fresh_run.result()
         assert out.returncode == 0, out.stderr + out.stdout[-3000:]
-        summary = json.loads(out.stdout)
-        assert summary["hosts"] == [host] and summary["ok"]
-        assert summary["teardown"][host]["changed"] > 0
-        assert summary["converge"][host]["changed"] > 0
+        summary = json.loads(out.stdout)  # {"hosts": {name: ...}, "summary", "exit_code"}
+        assert list(summary["hosts"]) == [host] and summary["ok"]
+        assert summary["summary"] == {"hosts": 1, "rebuilt": 1, "not_rebuilt": 0}
+        assert summary["hosts"][host]["teardown"]["changed"] > 0
+        assert summary["hosts"][host]["converge"]["changed"] > 0
         assert h.check_output(f"find {keep} -type f | sort") == kept  # store / models kept
         assert not h.file(f"{ROOT}/state/stale-record").exists  # state wiped
         if role != "depot":
@@ -117,7 +118,10 @@ def test_rebuilt_host_matches_a_fresh_one(material_ready, th, role):
         lifecycle.rm(fresh, log=lambda m: None)
     assert rc1 == rc2 == 0
     assert rebuilt == new and rebuilt
-    (st1,), (st2,) = json.loads(s1.stdout), json.loads(s2.stdout)
+    (st1,), (st2,) = (
+        json.loads(s1.stdout)["hosts"].values(),
+        json.loads(s2.stdout)["hosts"].values(),
+    )
     for key in ("host", "memory_used_gib", "memory_total_gib", "vram_used_gib"):
         st1.pop(key), st2.pop(key)
     assert st1 == st2

@@ -476,7 +476,8 @@ def test_names_that_are_not_utf8_or_hold_a_newline_reach_the_operator_whole(serv
         timeout=600,
     )
     assert "Traceback" not in status.stderr, status.stderr[-3000:]
-    assert json.loads(status.stdout)[0]["model"].endswith("(not verified)"), status.stdout
+    (node,) = json.loads(status.stdout)["hosts"].values()
+    assert node["model"].endswith("(not verified)"), status.stdout
     run = pyinfra("inventory/testbed.py", NODES["spark-1"], limit="spark-1", timeout=900)
     assert "Traceback" not in run.output and "UnicodeDecodeError" not in run.output, run.output[
         -3000:

@@ -560,8 +560,12 @@ CASES = (
         case("depot_store: /", {"depot_store": "/"}, "'depot_store' = '/'"),
         case("models_root: /home", {"models_root": "/home"}, "'models_root' = '/home'"),
         case("models_root: holds the root", {"models_root": "/opt"}, "'models_root' = '/opt'"),
-        case("servefleet_user: root", {"servefleet_user": "root"}, "'servefleet_user' = 'root'"),
-        case("servefleet_user: sshd", {"servefleet_user": "sshd"}, "'servefleet_user' = 'sshd'"),
+        case("servefleet_user: Root", {"servefleet_user": "Root"}, "'servefleet_user' = 'Root'"),
+        case(
+            "servefleet_user: 33 characters",
+            {"servefleet_user": "s" * 33},
+            "'servefleet_user' = 'sssss",
+        ),
         case(
             "servefleet_user: shell characters", {"servefleet_user": "svc;id"}, "'servefleet_user'"
         ),
@@ -658,3 +662,35 @@ CASES = (
         ),
     ]
 )
+
+
+# Sizes (core/sizes.py): one set of forms everywhere; what is not a whole byte count in binary
+# units is refused, naming the key and the forms.
+CASES += [
+    case(
+        "kv_cache_memory_bytes: 8GB (decimal?)",
+        {"kv_cache_memory_bytes": "8GB"},
+        "'kv_cache_memory_bytes' = '8GB'",
+    ),
+    case(
+        "kv_cache_memory_bytes: 8g",
+        {"kv_cache_memory_bytes": "8g"},
+        "'kv_cache_memory_bytes' = '8g'",
+    ),
+    case(
+        "min_free_disk_bytes: 1.1K (not whole bytes)",
+        {"min_free_disk_bytes": "1.1K"},
+        "'min_free_disk_bytes' = '1.1K'",
+    ),
+    case("min_free_disk_bytes: 2P (over 1 PiB)", {"min_free_disk_bytes": "2P"}, "from 0 to 1 PiB"),
+    case(
+        "download_margin_bytes: 8 GiB (a space)",
+        {"download_margin_bytes": "8 GiB"},
+        "8G = 8GiB, 512M, 1.5GiB",
+    ),
+    case(
+        "memory_overhead_bytes: -4G",
+        {"memory_overhead_bytes": "-4G"},
+        "'memory_overhead_bytes' = '-4G'",
+    ),
+]

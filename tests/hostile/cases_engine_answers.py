@@ -264,7 +264,7 @@ def gate_of(chat_route, tokenize_route=tokenize, max_tokens=MAX_TOKENS):
         engine = Engine(routes(v1__chat__completions=chat_route, tokenize=tokenize_route))
         runs = []
 
-        def bench_on_node(host, n, prompt_tokens, tokens):
+        def bench_on_node(host, n, prompt_tokens, tokens, unit=None):
             rc, out, err, seconds = run_script(
                 "servefleet-stream-bench",
                 [
@@ -645,6 +645,101 @@ CASES = [
             stream_of(good_stream),
             tokenize,
             lambda r: r["unmeasured"] == [] and r["prompt_sizing"] == "the server's tokenizer",
+        ),
+    ),
+]
+
+
+# --- redirects never carry the key; the engine's words reach the operator escaped ---------------
+
+
+def redirected(status: int, path: str = "/v1/chat/completions", to=lambda thief: thief.url):
+    """`path` answers `status` with a Location on another origin (a recording thief engine, or
+    to(thief)): the check fails in one line, and nothing (the key least of all) reaches the
+    thief."""
+    thief = Engine(routes())
+
+    def route(conn, request):
+        location = to(thief) + (path if to(thief).startswith("http") else "")
+        answer(conn, status, b"", [f"Location: {location}"])
+
+    def check(engine, report):
+        time.sleep(0.2)
+        seen = [(r.path, r.headers.get("authorization")) for r in thief.seen]
+        thief.close()
+        assert not seen, seen
+
+    return health_of(routes(**{path: route}), check=check)
+
+
+def no_escape_gets_through(attempt_of):
+    """attempt_of's one line, asserting that it holds no control character (ESC, CR, BEL)."""
+
+    def attempt():
+        message = attempt_of()
+        assert message is not None
+        line = message.strip()
+        assert not any(ord(ch) < 32 or 0x7F <= ord(ch) <= 0x9F for ch in line), repr(line)
+        return line
+
+    return attempt
+
+
+def escape_in_reason(conn, request):
+    conn.sendall(
+        b"HTTP/1.1 500 \x1b[2J\x1b]0;owned\x07\r\nContent-Length: 9\r\n\r\n\x1b[31mred\r\n"
+    )
+
+
+CASES += [
+    refused(
+        CATEGORY,
+        f"the chat answers {s} to another origin",
+        f"HTTP {s} (a redirect to",
+        redirected(s),
+    )
+    for s in (301, 302, 303, 308)
+] + [
+    refused(
+        CATEGORY,
+        "the chat redirected to the same address on another port (another origin)",
+        "(a redirect to",
+        redirected(307, to=lambda thief: thief.url.replace("127.0.0.1", "localhost")),
+    ),
+    refused(
+        CATEGORY,
+        "the chat redirected to https on the same host",
+        "(a redirect to",
+        redirected(302, to=lambda thief: thief.url.replace("http://", "https://")),
+    ),
+    refused(
+        CATEGORY,
+        "the chat redirected to a path on its own origin (not followed either)",
+        "(a redirect to '/v1/elsewhere', not followed)",
+        redirected(302, to=lambda thief: "/v1/elsewhere"),
+    ),
+    refused(
+        CATEGORY,
+        "a redirect whose Location holds terminal escapes",
+        "\\x1b]0;owned\\x07",
+        no_escape_gets_through(
+            redirected(302, to=lambda thief: "http://evil.example/\x1b]0;owned\x07\x1b[2J")
+        ),
+    ),
+    refused(
+        CATEGORY,
+        "an error answer whose status text and body hold terminal escapes",
+        "HTTP 500",
+        no_escape_gets_through(health_of(routes(v1__chat__completions=escape_in_reason))),
+    ),
+    refused(
+        CATEGORY,
+        "the bench's stream redirected to another origin",
+        "HTTP 302",
+        gate_of(
+            lambda conn, request: answer(
+                conn, 302, b"", ["Location: http://localhost:9/v1/chat/completions"]
+            )
         ),
     ),
 ]

@@ -19,7 +19,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from servefleet.fleet import inventory
+from servefleet.core import host_keys
+from servefleet.fleet.inventory import FleetError, load_fleet
 from tests.hostile.cases_gguf import scratch
 from tests.hostile.table import harmless, refused
 
@@ -268,7 +269,7 @@ CASES = [
         "'tag:yaml.org,2002:python/object/apply:os.system'",
         "hosts: !!python/object/apply:os.system ['true']\n",
     ),
-    case("a NUL byte", "not valid YAML: unacceptable character #x0000", "hosts: []\n\0\n"),
+    case("a NUL byte", "refused at line 2: U+0000 (a control character)", "hosts: []\n\0\n"),
     refused(
         CATEGORY,
         "YAML alias bomb (billion laughs) in a host name",
@@ -329,17 +330,13 @@ CASES = [
 # Host-key checking switched off, any way at all: every one prints the warning, naming the key.
 def _warns(name: str, data: dict, key: str):
     def check():
-        host = inventory.InventoryHost(
-            name="weak-" + str(abs(hash(name)) % 10**6),
-            groups=["depot"],
-            data=data,
-            data_source="fleet.yml",
-        )
-        inventory._warned.discard(host.name)
+        host = "weak-" + str(abs(hash(name)) % 10**6)
+        host_keys._warned.discard(host)
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            inventory._warn_host_keys([host, host])
-        assert err.getvalue().count(f"SSH host-key checking is OFF for {host.name} ({key}") == 1, (
+            for _ in range(2):
+                host_keys.warn(host, data, lambda key: "fleet.yml")
+        assert err.getvalue().count(f"SSH host-key checking is OFF for {host} ({key}") == 1, (
             err.getvalue()
         )
 
@@ -382,4 +379,119 @@ CASES += [
     ),
     _warns("known_hosts a directory", {"ssh_known_hosts_file": "/etc"}, "ssh_known_hosts_file"),
     _warns("known_hosts ''", {"ssh_known_hosts_file": ""}, "ssh_known_hosts_file"),
+]
+
+
+# --- #27's fleet.yml single cases: refused with the line or the entry, the file unchanged -------
+
+
+def unchanged_refusal(content: str | bytes):
+    """fleet_refusal, asserting the file is byte for byte what was written afterwards."""
+
+    def attempt():
+        raw = content.encode() if isinstance(content, str) else content
+        with scratch() as tmp:
+            path = tmp / "fleet.yml"
+            path.write_bytes(raw)
+            try:
+                load_fleet(path)
+                error = None
+            except FleetError as exc:
+                error = str(exc)
+            assert path.read_bytes() == raw and [p.name for p in tmp.iterdir()] == ["fleet.yml"]
+        assert error is None or "\n" not in error, error
+        return error
+
+    return attempt
+
+
+def single(name, expected, content):
+    return refused(CATEGORY, name, expected, unchanged_refusal(content))
+
+
+TWO = "hosts:\n  - {name: spark-01, role: spark}\n  - {name: %s, role: spark}\n"
+
+CASES += [
+    single(
+        "ssh_port: 22:00 (base 60)",
+        "'22:00' is read by YAML 1.1 as the integer 1320",
+        _entry(ssh_port="22:00"),
+    ),
+    single(
+        "service_port: 010 (octal)",
+        "'010' is read by YAML 1.1 as the integer 8",
+        _entry(data="{service_port: 010}"),
+    ),
+    single(
+        "ssh_port: 0x16", "'0x16' is read by YAML 1.1 as the integer 22", _entry(ssh_port="0x16")
+    ),
+    single("ssh_port: 2_2", "'2_2' is read by YAML 1.1 as the integer 22", _entry(ssh_port="2_2")),
+    single(
+        "ssh_port: 0b10110",
+        "'0b10110' is read by YAML 1.1 as the integer 22",
+        _entry(ssh_port="0b10110"),
+    ),
+    single(
+        "a gate threshold of .inf",
+        "'.inf' is read by YAML 1.1 as the number inf",
+        _entry(data="{perf_gate_decode_drop_pct: .inf}"),
+    ),
+    single(
+        "a gate threshold of 1:30.5 (base 60)",
+        "'1:30.5' is read by YAML 1.1 as the number",
+        _entry(data="{perf_gate_decode_drop_pct: 1:30.5}"),
+    ),
+    single(
+        "U+2028 ends a comment, the key after it is read",
+        "refused at line 4: U+2028",
+        _entry(ssh_port="22  # was 2222\u2028    ssh_user: root"),
+    ),
+    single("U+0085 ends a comment", "refused at line 4: U+0085", _entry(sudo="true # x\u0085")),
+    single("U+2029 in a value", "refused at line 4: U+2029", _entry(ssh_user="ops\u2029")),
+    single("a lone CR", "refused at line 4: U+000D", _entry(ssh_user="ops\rssh_port: 1")),
+    single(
+        "a right-to-left override in a comment",
+        "refused at line 2: U+202E (a bidi control",
+        "hosts:\n  # \u202e}depot :elor{\n  - {name: spark-01, role: spark}\n",
+    ),
+    single(
+        "a DEL in ssh_hostname",
+        "expected a value without spaces or control characters",
+        _entry(ssh_hostname='"10.0.0.1\\x7f"'),
+    ),
+    single(
+        "a C1 control in ssh_user",
+        "expected a value without spaces or control characters",
+        _entry(ssh_user='"ops\\x9b"'),
+    ),
+    single(
+        "a depot hostname starting with '-'",
+        "'ssh_hostname' = '-oProxyCommand=sh': expected",
+        "hosts:\n  - {name: depot-01, role: depot, ssh_hostname: -oProxyCommand=sh}\n",
+    ),
+    single(
+        "ssh_user starting with '-'",
+        "'ssh_user' = '-lroot': expected a user name",
+        _entry(ssh_user="-lroot"),
+    ),
+    single(
+        "an ssh_key path starting with '-'",
+        "'ssh_key' = '-i/etc/shadow': expected",
+        _entry(ssh_key="-i/etc/shadow"),
+    ),
+    single(
+        "ssh_key of ~nosuchuser",
+        "~user names no user here",
+        _entry(ssh_key="~nosuchuser-servefleet/key"),
+    ),
+    single(
+        "host names that differ only in case",
+        "the same host as hosts[0] (spark-01)",
+        TWO % "SPARK-01",
+    ),
+    single(
+        "host names that differ by a trailing dot",
+        "the same host as hosts[0] (spark-01)",
+        TWO % "spark-01.",
+    ),
 ]

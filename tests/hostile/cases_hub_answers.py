@@ -206,3 +206,111 @@ CASES = [
         revision=SHA,
     ),
 ]
+
+
+# --- one deadline for the whole answer, and the hub's words escaped (#27 single cases) -----------
+
+
+def _drip_bytes(data: bytes, every: float = 0.25):
+    """A script writing `data` one byte every `every` seconds (until the client hangs up)."""
+
+    def script(h):
+        for i in range(len(data)):
+            try:
+                h.wfile.write(data[i : i + 1])
+                h.wfile.flush()
+            except OSError:
+                return
+            time.sleep(every)
+
+    return script
+
+
+def on_time(script, within: float = TIMEOUT + 1.5):
+    """hub_commit refused within the deadline (plus a margin), not per-byte timeouts later."""
+
+    def run():
+        started = time.monotonic()
+        message = attempt(script)()
+        took = time.monotonic() - started
+        assert took < within, f"refused after {took:.1f} s; the deadline is {TIMEOUT} s"
+        return message
+
+    return run
+
+
+HEADERS = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"p" * 60 + b"\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def _error_code(value: bytes, status: int = 404):
+    """An error answer whose X-Error-Code header holds `value` as raw bytes."""
+
+    def script(h):
+        h.wfile.write(
+            b"HTTP/1.1 %d Nope\r\nX-Error-Code: %s\r\nContent-Length: 0\r\n\r\n" % (status, value)
+        )
+
+    return script
+
+
+def escaped(value: bytes, shown: str):
+    """The hub's X-Error-Code reaches the message escaped: no ESC, CR or C1 byte gets through."""
+
+    def run():
+        message = attempt(_error_code(value))()
+        assert message is not None
+        assert not any(ord(ch) < 32 or 0x7F <= ord(ch) <= 0x9F for ch in message), repr(message)
+        assert shown in message, message
+        return message
+
+    return run
+
+
+def _redirect_with_escape(h):
+    send(h, 302, headers=[("Location", "http://evil.example/\x1b]0;pwned\x07")])
+
+
+CASES += [
+    refused(
+        CATEGORY,
+        "the status line one byte every 0.25 s",
+        "took longer than 2 s",
+        on_time(_drip_bytes(HEADERS)),
+    ),
+    refused(
+        CATEGORY,
+        "headers one byte every 0.25 s after a prompt status line",
+        "took longer than 2 s",
+        on_time(lambda h: (h.wfile.write(b"HTTP/1.1 200 OK\r\n"), _drip_bytes(HEADERS[17:])(h))),
+    ),
+    refused(
+        CATEGORY,
+        "no answer at all (the connection held open)",
+        "took longer than 2 s",
+        on_time(lambda h: time.sleep(TIMEOUT + 3)),
+    ),
+    refused(
+        CATEGORY,
+        "X-Error-Code with a terminal escape (clear screen)",
+        "\\x1b[2J",
+        escaped(b"\x1b[2J\x1b[31mRepoNotFound", "\\x1b[2J"),
+    ),
+    refused(
+        CATEGORY,
+        "X-Error-Code with a CR that would rewrite the line (the header ends there)",
+        "the hub answered HTTP 404 x",
+        escaped(b"x\rservefleet: all hosts healthy", "HTTP 404 x"),
+    ),
+    refused(
+        CATEGORY,
+        "X-Error-Code with UTF-8 bidi bytes (U+202E)",
+        "\\x80",
+        escaped("a\u202eb".encode(), "\\x80"),
+    ),
+    refused(
+        CATEGORY,
+        "a redirect to another origin whose URL holds an OSC escape",
+        "redirected to another origin (http://evil.example/%1B]0;pwned%07)",
+        attempt(_redirect_with_escape),
+    ),
+]

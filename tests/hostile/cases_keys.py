@@ -30,6 +30,7 @@ def with_file(content: bytes | None, kind: str = "file"):
         path.mkdir()
     elif content is not None:
         path.write_bytes(content)
+        path.chmod(0o600)  # as ssh-keygen writes a key: only its owner reads it
     return path
 
 
@@ -206,3 +207,159 @@ CASES = [
         accepted_as(b"sk-abcdefgh", "api_key_file"),
     ),
 ]
+
+
+# --- #27: key files only the operator (or root) controls; the fleet key is one key -------------
+
+
+def owned_case(
+    name: str,
+    content: bytes,
+    expected: str,
+    key: str = "api_key_file",
+    mode: int = 0o600,
+    uid: int | None = None,
+    link: bool = False,
+):
+    """A key file of `mode` (owned by `uid`, reached through a symlink when `link`), named by
+    `key` in --data: refused naming the file and the problem, the file unchanged (bytes, mode,
+    owner), the key never in the message."""
+
+    def run():
+        tmp = Path(tempfile.mkdtemp(prefix="servefleet-key-"))
+        path = tmp / "key"
+        path.write_bytes(content)
+        os.chmod(path, mode)
+        if uid is not None:
+            os.chown(path, uid, -1)
+        named = tmp / "link" if link else path
+        if link:
+            named.symlink_to(path)
+        st = path.stat()
+        before = (content, st.st_mode, st.st_uid)
+        data = {key: str(named), "service_host": "0.0.0.0"}
+        if key != "api_key_file":
+            data["api_key_file"] = str(with_file(b"sk-abcdefgh\n"))
+        try:
+            validate(
+                HostData("node-01", ["spark"], [Layer("--data", data), Layer("group_data", SPARK)]),
+                "serve_bf16",
+            )
+            message = None
+        except DataError as exc:
+            message = str(exc)
+        st = path.stat()
+        assert (path.read_bytes(), st.st_mode, st.st_uid) == before, "the key file changed"
+        assert message is None or content.decode(errors="replace")[10:40] not in message
+        return message
+
+    return refused(CATEGORY, name, expected, run)
+
+
+SECOND = _key(ed25519.Ed25519PrivateKey.generate())
+PUBLIC = (
+    ed25519.Ed25519PrivateKey.generate()
+    .public_key()
+    .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    + b" ops@laptop\n"
+)
+
+CASES += [
+    owned_case(
+        "an API key file its group may write",
+        b"sk-abcdefgh\n",
+        "writable by its group or others (mode 0664)",
+        mode=0o664,
+    ),
+    owned_case(
+        "a hub token file anyone may write",
+        b"hf_abcdefgh\n",
+        "writable by its group or others (mode 0606)",
+        key="hf_token_file",
+        mode=0o606,
+    ),
+    owned_case(
+        "an API key file of another user",
+        b"sk-abcdefgh\n",
+        "is owned by uid 4242, not by you",
+        uid=4242,
+    ),
+    owned_case(
+        "a link to a hub token of another user",
+        b"hf_abcdefgh\n",
+        "is owned by uid 4243",
+        key="hf_token_file",
+        uid=4243,
+        link=True,
+    ),
+    owned_case(
+        "depot_ssh_key readable by all (0644)",
+        ED25519,
+        "readable by its group or others (mode 0644)",
+        key="depot_ssh_key",
+        mode=0o644,
+    ),
+    owned_case(
+        "depot_ssh_key readable by its group (0640)",
+        ED25519,
+        "readable by its group or others (mode 0640)",
+        key="depot_ssh_key",
+        mode=0o640,
+    ),
+    owned_case(
+        "depot_ssh_key of another user",
+        ED25519,
+        "is owned by uid 4244",
+        key="depot_ssh_key",
+        uid=4244,
+    ),
+    owned_case(
+        "depot_ssh_key holding two keys",
+        ED25519 + SECOND,
+        "holds more than one private key, or text besides it",
+        key="depot_ssh_key",
+    ),
+    owned_case(
+        "depot_ssh_key with notes after the key",
+        ED25519 + b"passphrase: hunter2\n",
+        "holds more than one private key, or text besides it",
+        key="depot_ssh_key",
+    ),
+    owned_case(
+        "depot_ssh_key with a public key before it",
+        PUBLIC + ED25519,
+        "holds more than one private key, or text besides it",
+        key="depot_ssh_key",
+    ),
+    owned_case(
+        "ssh_key readable by all (0644)",
+        ED25519,
+        "key 'ssh_key' from --data: ",
+        key="ssh_key",
+        mode=0o644,
+    ),
+    owned_case("ssh_key of another user", ED25519, "is owned by uid 4245", key="ssh_key", uid=4245),
+    refused(
+        CATEGORY,
+        "ssh_key naming a missing file",
+        "does not exist; expected the SSH private key to log in to node-01 with",
+        attempt(None, key="ssh_key"),
+    ),
+    refused(
+        CATEGORY,
+        "ssh_key of ~nosuchuser",
+        "~user names no user on this machine",
+        lambda: attempt_value("ssh_key", "~nosuchuser-servefleet/id_ed25519"),
+    ),
+]
+
+
+def attempt_value(key: str, value: str) -> str | None:
+    try:
+        validate(
+            HostData("node-01", ["spark"], [Layer("--data", {key: value}), Layer("g", SPARK)]),
+            None,
+        )
+    except DataError as exc:
+        return str(exc)
+    return None

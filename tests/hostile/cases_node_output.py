@@ -167,4 +167,33 @@ def _cases():
     ]
 
 
-CASES = _cases()
+def _round3():
+    """More names and contents a node's user controls (#27 rule 3): each reaches the operator
+    whole and escaped (core.node_output.shown, which now escapes bidi controls too)."""
+    return [
+        listing_case("rlo\u202egnp.py".encode(), "rlo\\u202egnp.py"),
+        listing_case("lre\u202ax.py".encode(), "lre\\u202ax.py"),
+        listing_case("alm\u061cx.py".encode(), "alm\\u061cx.py"),
+        listing_case("para\u2029x.py".encode(), "para\\u2029x.py"),
+        listing_case(b"del\x7fx.py", "del\\x7fx.py"),
+        listing_case(b"bel\x07x.py", "bel\\x07x.py"),
+        listing_case(b"tab\tx.py", "tab\\tx.py"),
+        listing_case(b"#servefleet-sizes", "#servefleet-sizes"),  # the fact's own separator
+        listing_case(b"cut\xe2\x80.py", "cut\\xe2\\x80.py"),  # a UTF-8 sequence cut short
+        listing_case(b"\xff" * 100, "\\xff" * 100),
+        refused(
+            CATEGORY,
+            "a config.json with an overlong UTF-8 '/'",
+            "not UTF-8 text",
+            file_read(b'{"a": "\xc0\xaf"}'),
+        ),
+        refused(
+            CATEGORY,
+            "a config.json with a UTF-8-encoded surrogate",
+            "not UTF-8 text",
+            file_read(b'{"a": "\xed\xa0\x80"}'),
+        ),
+    ]
+
+
+CASES = _cases() + _round3()

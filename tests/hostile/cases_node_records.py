@@ -339,4 +339,81 @@ def _cases():
     ]
 
 
-CASES = _cases()
+def _round3():
+    """More records as root's pen could plant them (#27 rule 6): each refused in one line,
+    never read as a release."""
+    R, G = refused, release()["gate"]
+    bad = {
+        "a unit name holding a newline": (
+            releases_text(unit="servefleet-llama.service\n"),
+            "not a servefleet unit name",
+        ),
+        "a unit name with a slash": (
+            releases_text(unit="servefleet-a/b.service"),
+            "not a servefleet unit name",
+        ),
+        "a prefix //etc (normpath keeps it; it is /etc)": (
+            releases_text(prefix="//etc"),
+            "absolute normalised path",
+        ),
+        "a prefix with a trailing slash": (
+            releases_text(prefix=f"{ROOT}/llama.cpp/b9785/"),
+            "absolute normalised path",
+        ),
+        "a model_dir with a NUL": (
+            releases_text(model_dir=f"{ROOT}/models/x\u0000y"),
+            "'model_dir' is not a line of text",
+        ),
+        "recorded_at an object": (releases_text(recorded_at={"a": 1}), "'recorded_at' is not"),
+        "previous an object": (
+            json.dumps({"current": release(), "previous": {"a": 1}}),
+            "'previous' is not a list",
+        ),
+        "rolled_back_from a number": (
+            json.dumps({"current": release(), "previous": [], "rolled_back_from": 5}),
+            "the release rolled back from is not an object",
+        ),
+        "Infinity in the figures": (
+            releases_text().replace('"perf": null', '"perf": {"x": Infinity}'),
+            "Infinity is not a number a record holds",
+        ),
+        "1e999 in the figures (read as infinity)": (
+            releases_text().replace('"perf": null', '"perf": {"decode": 1e999}'),
+            "1e999 is out of range",
+        ),
+        "nested 17 levels (one more than records hold)": (
+            releases_text().replace('"perf": null', '"perf": ' + "[" * 17 + "]" * 17),
+            "nested deeper than 16 levels",
+        ),
+        "a byte order mark before the JSON": ("\ufeff" + releases_text(), "is not JSON"),
+        "probe_argv a shell string": (
+            releases_text(probe_argv="/bin/sh -c id"),
+            "'probe_argv' is not a list of words",
+        ),
+        "a key servefleet never writes at the top": (
+            json.dumps({"current": release(), "previous": [], "extra": 1}),
+            "unknown key 'extra'",
+        ),
+        "a gate waiting -1 s": (
+            releases_text(gate={**G, "timeout_s": -1}),
+            "'timeout_s' is out of range",
+        ),
+        "a gate waiting 10^12 s as root": (
+            releases_text(gate={**G, "settle_s": 10**12}),
+            "'settle_s' is out of range",
+        ),
+    }
+    return [
+        R(CATEGORY, name, expected, unreadable_releases(text))
+        for name, (text, expected) in bad.items()
+    ] + [
+        R(
+            CATEGORY,
+            "running.json with a key servefleet never writes",
+            "unknown key 'x'",
+            unreadable(RunningRelease, json.dumps({"release": "a" * 12, "x": 1})),
+        ),
+    ]
+
+
+CASES = _cases() + _round3()

@@ -30,6 +30,9 @@ CATEGORIES = (
     "node records",
     "node output",
     "engine answers",
+    "host keys",
+    "service identity",
+    "directories",
 )
 
 

@@ -4,9 +4,15 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+
+from servefleet.cli import main
 from servefleet.core.lint.gguf_lint import lint_gguf, override_kv_flag
+from servefleet.verbs import bench
 from servefleet.verbs.bench import SCRIPT, roofline
 from servefleet_dev.testing.llama_build import llama_host_build
 from servefleet_dev.testing.tiny_models import GGUF_CLEAN, GGUF_FIELD_MISSING_MTP, build_tiny_gguf
@@ -65,7 +71,7 @@ def cgroup2() -> Path:
     return Path(found[0])
 
 
-def bench(port: int, cgroup: Path) -> dict:
+def bench_with_waits(port: int, cgroup: Path) -> dict:
     out = subprocess.run(
         [sys.executable, str(Path(__file__).resolve().parents[2] / SCRIPT), "--url",
          f"http://127.0.0.1:{port}", "--runs", "5", "--prompt-tokens", "256", "--max-tokens",
@@ -95,9 +101,9 @@ def test_the_cpu_the_engine_waited_for_is_measured_and_taken_out(tmp_path):
     try:
         assert server.healthy, server.log()
         (cg / "cgroup.procs").write_text(str(server.proc.pid))
-        alone = bench(server.port, cg)
+        alone = bench_with_waits(server.port, cg)
         hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
-        busy = bench(server.port, cg)
+        busy = bench_with_waits(server.port, cg)
     finally:
         for hog in hogs:
             hog.kill()
@@ -120,3 +126,105 @@ def test_the_cpu_the_engine_waited_for_is_measured_and_taken_out(tmp_path):
     # ... and a good part of the time they added is the engine waiting for a CPU, as the
     # kernel counts it: the part the gate's figures leave out.
     assert waits(busy) - waits(alone) > 0.25 * added, (alone, busy)
+
+
+# --- a whole inventory: the depot is skipped; the testbed has no roofline (#30) -----------------
+
+SERVING = {
+    "servefleet_root": "/opt/servefleet",
+    "service_host": "127.0.0.1",
+    "service_port": 8000,
+    "memory_bandwidth_bytes_per_s": 273 * 10**9,  # group_data/spark.py: the GB10's
+    "bytes_per_token": 3 * 10**9 * 2,
+}
+MEASURED = {
+    "runs": [{"ttft_s": 0.05, "decode_tok_s": 451.4}],
+    "median_ttft_s": 0.05,
+    "median_decode_tok_s": 451.4,  # what the vLLM stand-in does on a CPU: 9.92x the GB10's
+    "prompt_tokens": 300,
+}
+
+
+def fake_host(name: str, groups: list[str], **data):
+    return SimpleNamespace(
+        name=name, groups=groups, state=None, data=SimpleNamespace(dict=lambda: {**SERVING, **data})
+    )
+
+
+class FakeSession:
+    """servefleet.verbs.session.Session's surface bench() uses: the hosts, all reached."""
+
+    def __init__(self, hosts):
+        self.targets, self.unreachable = hosts, {}
+
+    def each(self, func, hosts=None):
+        return {h.name: func(h) for h in self.targets if hosts is None or h in hosts}
+
+
+@pytest.fixture
+def fleet(monkeypatch, capsys):
+    """Runs the real `servefleet bench` on fake hosts; the node-side bench answers with
+    MEASURED on a serving host, and is refused on a depot, as a depot's port is."""
+    hosts = []
+
+    @contextmanager
+    def session(inventory, limit=None):
+        yield FakeSession(hosts)
+
+    def node(host, command):
+        if "depot" in host.groups:
+            return (
+                False,
+                "",
+                "curl: (7) Failed to connect to 127.0.0.1 port 8000: Connection refused",
+            )
+        return True, json.dumps(MEASURED), ""
+
+    monkeypatch.setattr(bench.api, "session", session)
+    monkeypatch.setattr(bench, "put", lambda *a, **kw: True)
+    monkeypatch.setattr(bench, "run", node)
+    monkeypatch.setattr(bench, "python", lambda: "python3")
+    monkeypatch.setenv("COLUMNS", "80")
+
+    def run(*args):
+        code = main(["bench", "inventory/fleet.py", *args])
+        return code, capsys.readouterr().out
+
+    return hosts, run
+
+
+def test_bench_of_a_whole_inventory_skips_the_depot_and_says_so(fleet):
+    hosts, run = fleet
+    hosts += [fake_host("depot-1", ["depot"]), fake_host("spark-1", ["spark"])]
+    code, out = run()
+    assert code == 0, out  # was: exit 1, the depot "failed: ... Connection refused"
+    assert "depot-1: skipped: no serving engine (role depot)" in out
+    assert "failed" not in out
+    code, out = run("--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["exit_code"] == 0
+    assert doc["summary"] == {"hosts": 2, "ok": 1, "failed": 0, "unreachable": 0, "skipped": 1}
+    assert doc["hosts"]["depot-1"]["skipped"].startswith("no serving engine")
+    assert doc["hosts"]["spark-1"]["ok"]
+
+
+def test_a_testbed_host_has_no_roofline_ratio_and_the_row_says_why(fleet):
+    hosts, run = fleet
+    hosts += [
+        fake_host(
+            "spark-1",
+            ["spark", "testbed_spark", "testbed"],
+            vllm_executable="/var/cache/servefleet/standin/vllm-standin",
+        ),
+        fake_host("spark-2", ["spark"]),
+    ]
+    code, out = run()
+    assert code == 0, out
+    rows = {line.split()[0]: line for line in out.splitlines()[2:4]}
+    assert "9.92" not in rows["spark-1"] and "n/a (below)" in rows["spark-1"], out
+    assert rows["spark-2"].split()[4:6] == ["45.5", "9.92"]  # a real Spark: the ratio stands
+    assert "spark-1: no roofline ratio: testbed: the engine stand-in" in out
+    doc = json.loads(run("--json")[1])
+    node = doc["hosts"]["spark-1"]
+    assert node["roofline_tok_s"] is None and node["roofline_ratio"] is None
+    assert node["roofline_note"].startswith("testbed: the engine stand-in")

@@ -174,7 +174,7 @@ def test_a_refused_rebuild_json_still_prints_one_json_object(fleet):
     )
     report = json.loads(proc.stdout)
     assert report["refused"] is True and report["ok"] is False and report["exit_code"] == 2
-    assert "inventory/sprak.py: not found" in report["message"]
+    assert "inventory/sprak.py: not found" in report["message"] == report["error"]
     assert "did you mean inventory/spark.py?" in one_line(proc, "rebuild")
     assert proc.returncode == 2
 
@@ -241,9 +241,13 @@ def test_a_refused_rebuild_json_of_an_unreachable_host_is_a_json_object(fleet):
         fleet=fleet(),
     )
     report = json.loads(proc.stdout)
-    assert report["hosts"] == ["spark-01"] and report["refused"] is True
-    assert report["exit_code"] == 3 and report["teardown"] == {} and report["converge"] == {}
-    assert REASON in report["message"]
+    assert report["hosts"] == {"spark-01": {"teardown": None, "converge": None, "ok": False}}
+    assert report["refused"] is True and report["summary"] == {
+        "hosts": 1,
+        "rebuilt": 0,
+        "not_rebuilt": 1,
+    }
+    assert report["exit_code"] == 3 and REASON in report["message"] == report["error"]
     assert proc.returncode == 3
 
 
@@ -280,3 +284,82 @@ def test_rollout_and_rollback_of_an_unreachable_host_are_exit_3_and_change_nothi
     assert said.endswith("nothing was changed") and lines[-1].endswith("exit 3")
     report = json.loads(servefleet(command, *args, "--json", fleet=fleet()).stdout)
     assert report["exit_code"] == 3 and report["hosts"] == {} and REASON in report["message"]
+
+
+# --- --json: one shape for every fleet verb -----------------------------------------------------
+
+
+@pytest.mark.parametrize("command,args", EVERY_VERB)
+def test_every_fleet_verbs_json_is_an_object_of_hosts_summary_and_exit_code(fleet, command, args):
+    # Was: status and bench printed a list, rebuild a list of names under "hosts", rollout and
+    # rollback no summary.
+    limit = ["--limit", "spark-01"]
+    proc = servefleet(command, *args, *limit, "--json", fleet=fleet())
+    doc = json.loads(proc.stdout)
+    assert isinstance(doc, dict) and {"hosts", "summary", "exit_code", "error"} <= set(doc)
+    assert doc["exit_code"] == proc.returncode == 3, proc.stdout + proc.stderr
+    assert isinstance(doc["hosts"], dict) and isinstance(doc["summary"], dict)
+    assert doc["summary"]["hosts"] == len(doc["hosts"])
+    assert list(doc["hosts"]) in (["spark-01"], [])  # rollout and rollback: refused, no host
+    if doc["error"] is None:  # a verb that reports the host it could not reach, and goes on
+        assert list(doc["hosts"]) == ["spark-01"]
+    else:  # a verb that refuses to start without every host: the reason is the error
+        assert REASON in doc["error"]
+
+
+# --- from another directory: the inventory's own project, or "run from the repository root" -----
+
+
+def test_a_verb_from_another_directory_reads_the_inventorys_project(fleet, tmp_path):
+    # Was: "inventory/fleet.yml: not found" (the file exists), or with $SERVEFLEET_FLEET set,
+    # every host refused for keys group_data/ sets (the data was not found, not wrong).
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    fleet()
+    proc = servefleet(
+        "status", str(REPO / "inventory" / "spark.py"), fleet=Path("../fleet.yml"), cwd=elsewhere
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("host ") and REASON in " ".join(proc.stdout.split())
+
+
+def test_a_deploy_named_as_from_the_project_is_found_from_another_directory(fleet, tmp_path):
+    proc = servefleet(
+        "drift",
+        str(REPO / "inventory" / "spark.py"),
+        "deploys/base.py",
+        "--json",
+        fleet=fleet(),
+        cwd=tmp_path,
+    )
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 3 and doc["deploy"] == "deploys/base.py", proc.stderr
+    assert doc["inventory"] == "inventory/spark.py"
+
+
+@pytest.mark.parametrize("inventory", ["inventory/spark.py", "inventory/testbed.py"])
+def test_pyinfra_from_another_directory_says_run_from_the_repository_root(tmp_path, inventory):
+    # pyinfra reads group_data/ and files/ from the current directory: that cannot change, so
+    # the run is refused, in one line, before anything connects.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("SERVEFLEET_FLEET", None)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("pyinfra")),
+            "-y",
+            str(REPO / inventory),
+            str(REPO / "deploys" / "base.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "servefleet:" in line]
+    assert len(said) == 1 and said[0].endswith(
+        "run from the repository root"
+        + (f" (cd {REPO})" if inventory == "inventory/spark.py" else "")
+    ), said
+    assert "Traceback" not in proc.stderr

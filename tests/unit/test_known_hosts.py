@@ -11,6 +11,9 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -104,6 +107,92 @@ def test_the_same_names_match_as_openssh_finds_them(tmp_path):
             ["ssh-keygen", "-F", name, "-f", str(tmp_path / "kh")], capture_output=True, text=True
         ).stdout
         assert bool(keys_for(text, [name])) == ("found" in found), name
+
+
+def _keys(n: int) -> list[str]:
+    """n distinct real ed25519 public keys (`type base64`), made by ssh-keygen."""
+    out = []
+    for i in range(n):
+        path = Path(tempfile.mkdtemp()) / f"k{i}"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+        out.append(" ".join(path.with_suffix(".pub").read_text().split()[:2]))
+    return out
+
+
+K = _keys(8) if shutil.which("ssh-keygen") else []
+
+
+def _fingerprint(key: str) -> str:
+    out = subprocess.run(
+        ["ssh-keygen", "-l", "-f", "-"], input=key + "\n", capture_output=True, text=True
+    ).stdout
+    return out.split()[1]  # "256 SHA256:... no comment (ED25519)"
+
+
+FINGERPRINTS = {k: _fingerprint(k) for k in K}
+
+
+def _openssh_finds(path: Path, name: str) -> set[str]:
+    """The keys `ssh-keygen -l -F name -f path` finds (it parses each matching line's key, as
+    ssh does, and prints its fingerprint)."""
+    out = subprocess.run(
+        ["ssh-keygen", "-l", "-F", name, "-f", str(path)], capture_output=True
+    ).stdout.decode("latin-1")
+    return {k for k, fp in FINGERPRINTS.items() if fp in out}
+
+
+# Lines that Python's splitlines()/split() would cut where OpenSSH does not: each once pinned a
+# key for the depot that `ssh-keygen -F depot` does not associate with it.
+CRAFTED = {
+    "U+2028 as a line end": b"evil\xe2\x80\xa8depot %(k)s\n",
+    "U+0085 as a line end": b"evil\xc2\x85depot %(k)s\n",
+    "a form feed as a line end": b"evil\x0cdepot %(k)s\n",
+    "a lone CR as a line end": b"evil\rdepot %(k)s\n",
+    "a vertical tab as a line end": b"evil\x0bdepot %(k)s\n",
+    "a file separator (0x1c) as a line end": b"evil\x1cdepot %(k)s\n",
+    "NBSP between the name and the key": b"depot\xc2\xa0%(k)s\n",
+    "a form feed between the name and the key": b"depot\x0c%(k)s\n",
+    "U+2028 inside the pattern list": b"depot-x,\xe2\x80\xa8depot %(k)s\n",
+    "a NUL before the name (C ends the line there)": b"\x00depot %(k)s\n",
+    "a NUL inside the key type": b"depot ssh-\x00%(k)s\n",
+    "a CR before the name": b"\rdepot %(k)s\n",
+    "a non-ASCII capital the pattern lowers (\xc3\x96)": b"DEP\xc3\x96T %(k)s\n",
+}
+ACCEPTED = {
+    "a CRLF line end": b"depot %(k)s\r\n",
+    "a NUL after the key (C ends the line there)": b"depot %(k)s\x00junk\n",
+    "a NUL ends the names, the key is read after it": b"depot\x00 %(k)s\n",
+    "a NUL ends the names, the key right after it": b"depot\x00%(k)s\n",
+    "a tab between the fields": b"depot\t%(k)s\n",
+    "upper case (OpenSSH lowercases)": b"DEPOT %(k)s\n",
+    "spaces and tabs before the name": b" \t depot %(k)s\n",
+}
+
+
+@pytest.mark.skipif(not shutil.which("ssh-keygen"), reason="no ssh-keygen")
+@pytest.mark.parametrize(
+    "line", list(CRAFTED.values()) + list(ACCEPTED.values()), ids=list(CRAFTED) + list(ACCEPTED)
+)
+def test_lines_split_as_openssh_splits_them(tmp_path, line):
+    """Differential: a file of one crafted line among plain ones; for every name, the keys
+    keys_for pins are the keys of the lines ssh-keygen -F finds."""
+    raw = f"other {K[1]}\n".encode() + line % {b"k": K[0].encode()} + f"depot-x {K[2]}\n".encode()
+    (tmp_path / "kh").write_bytes(raw)
+    for name in ("depot", "evil", "other", "depot-x", "dep\xf6t", "depöt"):
+        assert set(keys_for(raw, [name])) == _openssh_finds(tmp_path / "kh", name), name
+    pinned = set(keys_for(raw, ["depot"]))
+    assert pinned == ({K[0]} if line in ACCEPTED.values() else set())
+
+
+def test_sixty_stars_against_a_long_name_take_no_time():
+    """A pattern of 60 `*` (each followed by an `a`) against 20,000 `a`s and no final `b`: a
+    backtracking match takes exponential time; OpenSSH's answer (no match) comes at once."""
+    pattern = "*a" * 60 + "b"
+    started = time.monotonic()
+    assert not names_host(pattern, "a" * 20_000)
+    assert names_host(pattern, "a" * 20_000 + "b")
+    assert names_host("*" * 60, "x" * 20_000)
+    assert time.monotonic() - started < 2.0
 
 
 def test_a_file_without_a_key_for_the_depot_is_refused(tmp_path):

@@ -16,6 +16,7 @@ The published model (agentworld-config.json), used as the base of most tests:
   bytes per block:            10 * 2,162,688                                   = 21,626,880 B
 """
 
+import argparse
 import copy
 import json
 import subprocess
@@ -396,5 +397,7 @@ def test_byte_counts_accept_units():
     from servefleet.engines.vllm.cli.plan_kv import parse_bytes
 
     assert parse_bytes("8589934592") == parse_bytes("8GiB") == 8 * GiB
+    assert parse_bytes("8G") == 8 * GiB  # binary, with or without "i" (core.sizes)
     assert parse_bytes("1.5GiB") == 3 * GiB // 2
-    assert parse_bytes("80GB") == 80 * 10**9
+    with pytest.raises(argparse.ArgumentTypeError, match="decimal and lower-case units"):
+        parse_bytes("80GB")

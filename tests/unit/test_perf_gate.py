@@ -12,6 +12,7 @@ from servefleet.cli.rollout import render
 from servefleet.core import perf
 from servefleet.core.groupdata import load_group
 from servefleet.core.releases import Release, Releases, record, rollback, with_perf
+from servefleet.facts.releases import NodeReleases
 from servefleet.verbs.bench import Comparison
 from servefleet.verbs.rollout_report import HostRollout, RolloutReport
 
@@ -194,7 +195,7 @@ def test_the_rollout_report_shows_the_failed_figure_with_both_values():
         },
     )
     out = render(report)
-    assert f"rtx4090-1: {said}" in out and "perf s" in out
+    assert f"rtx4090-1: {said}" in out and "perf s" in render(report, wide=True)
     assert report.to_dict()["hosts"]["rtx4090-1"]["perf_after"]["decode_tok_s"] == 20.0
 
 
@@ -222,6 +223,10 @@ class FakeHost:
         self.name = name
         self.data = type("D", (), {"dict": lambda _self: {**load_group("all"), **data}})()
 
+    def get_fact(self, cls, **kwargs):  # the gate asks which unit serves: no record here
+        assert cls is NodeReleases
+        return Releases()
+
 
 class FakeSession:
     def __init__(self, hosts):
@@ -246,7 +251,7 @@ def gate(monkeypatch):
     monkeypatch.setattr(
         perfgate,
         "measure",
-        lambda host, kind, rid: (
+        lambda host, kind, rid, unit=None: (
             lambda f: replace(f, kind=kind, rollout=rid) if isinstance(f, perf.Figures) else f
         )(script[host.name].pop(0)),
     )

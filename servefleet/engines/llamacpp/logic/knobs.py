@@ -52,14 +52,14 @@ KNOBS = (
     K("llamacpp_ccache", c.BOOL, OWN),
     K("llamacpp_ccache_dir", c.optional(c.ABS_PATH), OWN),
     K("llamacpp_build_jobs", c.optional(c.integer(1, c.JOBS_MAX)), OWN),
-    K("llamacpp_build_min_free_disk_bytes", c.integer(0, c.BYTES_MAX), OWN),
+    K("llamacpp_build_min_free_disk_bytes", c.size(0, c.BYTES_MAX), OWN),
     K("llamacpp_min_nvcc_version", c.pattern("a version like 13.0", r"\d+(\.\d+)*"), OWN),
     K("llamacpp_build_packages", c.dict_of(c.NAME, c.list_of(c.NAME)), OWN),
     K("llamacpp_gguf_version", c.VERSION, OWN),
     K("llamacpp_gguf_overrides", c.BOOL, OWN, serving=True),
     K("llamacpp_context", c.integer(1, c.TOKENS_MAX), OWN, serving=True),
-    K("llamacpp_context_bytes", c.integer(0, c.BYTES_MAX), OWN, serving=True),
-    K("llamacpp_ram_reserve_bytes", c.integer(0, c.BYTES_MAX), OWN, serving=True),
+    K("llamacpp_context_bytes", c.size(0, c.BYTES_MAX), OWN, serving=True),
+    K("llamacpp_ram_reserve_bytes", c.size(0, c.BYTES_MAX), OWN, serving=True),
     K("llamacpp_server_args", c.list_of(c.ARG), OWN, serving=True),
 )
 

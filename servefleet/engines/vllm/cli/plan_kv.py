@@ -12,38 +12,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import stat
-from decimal import Decimal
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from servefleet.core import sizes
 from servefleet.core.errors import InputError
 from servefleet.core.lint.checkpoint import checkpoint_roots, one_line, resolve_inside
 from servefleet.engines.vllm.logic import kvplan
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-
 
 def parse_bytes(text: str) -> int:
-    """A byte count: plain integer or with a unit (8GiB, 512MiB, 80GB, 1.5GiB), at most 1 EiB."""
-    match = re.fullmatch(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a byte count: {one_line(repr(text[:40]))}")
-    value = int(Decimal(match.group(1)) * _UNITS[match.group(2).lower()])
+    """A byte count as everywhere else (core.sizes: 8589934592, 8G, 8GiB, 512M, 1.5GiB), at most
+    1 EiB."""
+    try:
+        value = sizes.parse_size(text)
+    except sizes.SizeError as exc:
+        raise argparse.ArgumentTypeError(one_line(str(exc))) from None
     if value > kvplan.MAX_KV_CACHE_MEMORY_BYTES:
         raise argparse.ArgumentTypeError(f"{one_line(text[:40])}: more than 1 EiB")
     return value
@@ -61,7 +48,7 @@ def register(subparsers) -> None:
         "--kv-cache-memory-bytes",
         type=parse_bytes,
         required=True,
-        help="vLLM --kv-cache-memory-bytes: the KV pool (e.g. 8589934592 or 8GiB)",
+        help="vLLM --kv-cache-memory-bytes: the KV pool (e.g. 8589934592, 8G or 8GiB)",
     )
     p.add_argument(
         "--block-alignment",
