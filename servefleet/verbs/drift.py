@@ -20,8 +20,9 @@ from pyinfra_cli.util import exec_file
 
 from servefleet.core.drift_items import ALWAYS, CONDITIONAL, DRIFTED, IN_SYNC, Item
 from servefleet.core.errors import Exit
+from servefleet.fleet.data import recipe_of
 from servefleet.verbs import session as api
-from servefleet.verbs.deep_drift import DEEP_CHECKS
+from servefleet.verbs.deep_drift import deep_items
 
 UNCHECKED = "unchecked"
 
@@ -139,7 +140,7 @@ def check(
 
             def load(host):
                 exec_file(deploy_path)
-                deep = [i for check in DEEP_CHECKS for i in check(host)]
+                deep = deep_items(host, recipe_of(deploy_path))
                 if host in sess.state.failed_hosts:  # a fact could not be read
                     raise RuntimeError(sess.why(host.name, "a fact could not be read"))
                 return _classify(sess.state, host) + deep

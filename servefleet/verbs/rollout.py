@@ -23,13 +23,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 
-from servefleet.core import contract, perf
-from servefleet.core.data import recipe_of
-from servefleet.core.errors import DataError, Exit
+from servefleet.core import perf
+from servefleet.core.errors import Exit
 from servefleet.core.layout import NodeLayout
 from servefleet.core.records import Unreadable
 from servefleet.core.releases import RolloutMarker
 from servefleet.facts.releases import RolloutMarkerFact
+from servefleet.fleet import registry
+from servefleet.fleet.data import recipe_of
 from servefleet.operations.files import put
 from servefleet.operations.node import run
 from servefleet.verbs import session as api
@@ -75,12 +76,7 @@ class Rollout:
         self.max_failures = max_failures_of(max_failures)
         self.limit, self.data, self.say = limit, data, say
         self.recipe = recipe_of(deploy)
-        if self.recipe not in contract.SERVING:
-            raise DataError(
-                f"rollout: {deploy} is not a serving recipe "
-                f"(deploys/serve_bf16.py or deploys/serve_q4_llamacpp.py)"
-            )
-        self.role = contract.ROLE_OF[self.recipe]
+        self.engine = registry.serving_engine(self.recipe, f"rollout: {deploy}")
         self.report = RolloutReport(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}")
         self.perf = PerfGate(self.report.rollout_id, perf_gate, say)
         self.resumed: dict[str, RolloutMarker] = {}
@@ -96,12 +92,12 @@ class Rollout:
     def preflight(self) -> list[str] | None:
         """The hosts to roll out to, in inventory order; None (and the reason) to refuse."""
         with self.session() as sess:
-            targets = [h for h in sess.targets if self.role in h.groups]
+            targets = [h for h in sess.targets if registry.applies(self.recipe, h.groups)]
             names = [h.name for h in targets]
             if not names:
                 self.report.refused, self.report.message = (
                     Exit.BAD_INPUT,
-                    (f"no {self.role} host selected in {self.inventory}"),
+                    (f"no {self.engine.title} host selected in {self.inventory}"),
                 )
                 return None
             gone = {n: why for n, why in sess.unreachable.items() if n in names}

@@ -34,10 +34,10 @@ from pyinfra_cli.exceptions import UnexpectedExternalError
 from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
-from servefleet.core.data import settle
 from servefleet.core.errors import DataError
-from servefleet.core.inventory import fleet_path, reset_run_context, set_run_context
 from servefleet.core.node_output import shown
+from servefleet.fleet.data import settle
+from servefleet.fleet.inventory import fleet_path, reset_run_context, set_run_context
 from servefleet.verbs.progress import OperationProgress
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -143,7 +143,7 @@ def load_inventory(inventory_path: str, cwd: str, data: dict | None):
     if not inventory_path.endswith(".py"):
         raise DataError(
             f"inventory file {inventory_path}: expected a Python inventory such as "
-            f"inventory/spark.py (they read {fleet_path()})"
+            f"inventory/fleet.py (they read {fleet_path()})"
         )
     try:
         return make_inventory(inventory_path, cwd=cwd, override_data=data or {})
@@ -153,7 +153,7 @@ def load_inventory(inventory_path: str, cwd: str, data: dict | None):
         raise DataError(
             f"inventory file {inventory_path}: could not be loaded "
             f"({type(error).__name__}{': ' + why if why else ''}); expected an "
-            f"inventory such as inventory/spark.py"
+            f"inventory such as inventory/fleet.py"
         ) from None
 
 

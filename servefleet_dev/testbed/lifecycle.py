@@ -5,7 +5,7 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
-from servefleet.core.inventory import ROLES
+from servefleet.fleet.inventory import ROLES
 from servefleet_dev.testbed import binfmt, hosts, image, net, platforms, services
 from servefleet_dev.testbed.platforms import HostSpec, emulated, label
 from servefleet_dev.testbed.state import (
