@@ -96,7 +96,7 @@ def test_a_recipe_on_a_host_of_another_role_is_a_visible_noop(testbed):
     run = pyinfra("inventory/testbed.py", "deploys/serve_bf16.py", limit="depot-1")
     assert run.returncode == 0, run.output[-2000:]
     assert run.changed == 0 and run.operations == 1
-    assert "serve_bf16 acts on spark hosts only: nothing to do on depot-1" in run.output
+    assert "serve_bf16 acts on vLLM hosts only: nothing to do on depot-1" in run.output
 
 
 def test_a_noop_check_of_the_base_is_one_command_per_node(testbed):

@@ -84,8 +84,9 @@ def bench_with_waits(port: int, cgroup: Path) -> dict:
 
 def test_the_cpu_the_engine_waited_for_is_measured_and_taken_out(tmp_path):
     """The performance gate's figures without the engine's CPU waits (PSI, `full`): a server
-    in a cgroup of its own, benched as it is and beside three busy loops at the same priority
-    on this machine's cores. The busy loops really slow it down; the figures without the waits
+    in a cgroup of its own, benched alone on one CPU, then with three busy loops at the same
+    priority pinned to that CPU (so they contend however many cores the machine has and whatever
+    else runs on them). The busy loops really slow it down; the figures without the waits
     leave out the time the kernel saw the engine wait for a CPU: a good part of the slowdown
     (what remains is what busy cores cost a running thread: shared caches, an SMT sibling)."""
     from tests.unit.test_gguf_server import Server
@@ -101,8 +102,13 @@ def test_the_cpu_the_engine_waited_for_is_measured_and_taken_out(tmp_path):
     try:
         assert server.healthy, server.log()
         (cg / "cgroup.procs").write_text(str(server.proc.pid))
+        cpu = {max(os.sched_getaffinity(0))}
+        for thread in Path(f"/proc/{server.proc.pid}/task").iterdir():
+            os.sched_setaffinity(int(thread.name), cpu)
         alone = bench_with_waits(server.port, cg)
-        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+        for hog in hogs:
+            os.sched_setaffinity(hog.pid, cpu)
         busy = bench_with_waits(server.port, cg)
     finally:
         for hog in hogs:
