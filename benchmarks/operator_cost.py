@@ -208,7 +208,7 @@ def main() -> None:
     ap.add_argument("--split", type=int, default=2, help="processes of the split check")
     ap.add_argument("--keep-up", action="store_true", help="leave the last testbed up")
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]  # "": the rollout alone
     results, rolled = [], None
     try:
         for i, n in enumerate(sizes):
@@ -220,7 +220,8 @@ def main() -> None:
         if not args.keep_up:
             down = testbed("down")
             print(f"testbed down: {down.wall_s:.1f} s, {down.peak_fds} fds at most")
-    print_table(results, args.runs)
+    if results:
+        print_table(results, args.runs)
     if rolled:
         print_rollout(rolled, args.perf_gate)
     if len(results) >= 2:
