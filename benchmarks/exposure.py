@@ -29,8 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from servefleet.core import llamacpp, vllm  # noqa: E402
 from servefleet.core.systemd import render_unit  # noqa: E402
+from servefleet.engines.llamacpp import logic as llamacpp  # noqa: E402
+from servefleet.engines.vllm import logic as vllm  # noqa: E402
 from servefleet_dev.testbed.material import load as group_data  # noqa: E402
 
 MODEL = "/opt/servefleet/models/org--name/" + "0" * 40

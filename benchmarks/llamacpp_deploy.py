@@ -28,7 +28,7 @@ from pathlib import Path
 
 os.environ.setdefault("SERVEFLEET_TESTBED_INSTANCE", "8")
 
-from servefleet.core import llamacpp  # noqa: E402
+from servefleet.engines.llamacpp import logic as llamacpp  # noqa: E402
 from servefleet_dev.hub import publish  # noqa: E402
 from servefleet_dev.testbed import (
     hosts as tb_hosts,

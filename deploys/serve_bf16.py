@@ -2,7 +2,8 @@
 #   pyinfra inventory/spark.py deploys/serve_bf16.py
 # Knobs: group_data/spark.py (docs/recipes.md, Recipe 1).
 # A failing check stops only the host concerned.
-from servefleet.recipes import base, vllm
+from servefleet.engines.vllm import steps as vllm
+from servefleet.recipes import base
 
 if base.begin("serve_bf16"):  # data checked; hosts of other roles: a visible no-op
     # Base: preflight (aarch64, GPU + driver, disk), OS packages, the account and tree, uv.

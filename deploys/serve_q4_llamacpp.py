@@ -1,10 +1,12 @@
-# RTX 4090: llama.cpp serving the Q4_K_M GGUF of Qwen-AgentWorld-35B-A3B, step by step.
+# llama.cpp's recipe, step by step: on an RTX 4090, the Q4_K_M GGUF of Qwen-AgentWorld-35B-A3B
+# (on any node whose engine is llama.cpp: what it serves is data).
 #   pyinfra inventory/rtx4090.py deploys/serve_q4_llamacpp.py
-# Knobs: group_data/rtx4090.py (docs/recipes.md, Recipe 2).
+# Knobs: group_data/rtx4090.py (the node), group_data/llamacpp.py (docs/recipes.md, Recipe 2).
 # A failing check stops only the host concerned.
-from servefleet.recipes import base, llamacpp
+from servefleet.engines.llamacpp import steps as llamacpp
+from servefleet.recipes import base
 
-if base.begin("serve_q4_llamacpp"):  # data checked; hosts of other roles: a visible no-op
+if llamacpp.begin():  # data checked; hosts of another engine: a visible no-op
     base.node_base()  # preflight (x86_64, GPU + driver 580+, disk), OS packages, account and tree, uv
     llamacpp.build_packages()  # build-essential, cmake, git, ccache
 

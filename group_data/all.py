@@ -1,5 +1,5 @@
 # Defaults for every servefleet host. Role files (spark.py, rtx4090.py, depot.py) and
-# inventory/fleet.yml `data:` override these. servefleet/core/contract.py declares each key's
+# inventory/fleet.yml `data:` override these. servefleet/fleet/contract.py declares each key's
 # check; docs/knobs.md's knob lists are generated from this file and the role files.
 
 # --- Layout on the node --------------------------------------------------------------------

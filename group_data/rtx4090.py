@@ -1,5 +1,5 @@
 # RTX 4090 (24 GB VRAM, ~30 GiB RAM, x86_64): llama.cpp serving the Q4_K_M GGUF of
-# Qwen-AgentWorld-35B-A3B (deploys/serve_q4_llamacpp.py; checks: servefleet/core/contract.py).
+# Qwen-AgentWorld-35B-A3B (deploys/serve_q4_llamacpp.py; checks: servefleet/fleet/contract.py).
 expected_arch = "x86_64"  # the RTX 4090 nodes are x86_64 workstations
 min_driver_version = 580  # the field setup: driver 580.65.06 / CUDA 13.0
 service_port = 8080  # llama-server's usual port

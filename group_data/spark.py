@@ -1,5 +1,5 @@
 # DGX Spark (GB10, aarch64, sm_121, 128 GB unified memory): BF16 vLLM recipe (deploys/serve_bf16.py).
-# Checks: servefleet/core/contract.py; docs/knobs.md's spark list is generated from it.
+# Checks: servefleet/fleet/contract.py; docs/knobs.md's spark list is generated from it.
 expected_arch = "aarch64"  # DGX OS is Ubuntu 24.04 on Arm
 min_driver_version = 580  # GB10 ships with the 580 driver series
 min_free_disk_bytes = 100 * 1024**3  # venv (~10 GB) + BF16 weights (~70 GB) + headroom

@@ -153,6 +153,7 @@ E2E_HALVES = {
         "test_security",
         "test_status_bench",
         "test_rebuild",
+        "test_demo",
         "test_zz_teardown",
     ],
     "e2e-llama": ["test_drift_recipes", "test_llamacpp", "test_rollout"],

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build llama-server from a pinned llama.cpp commit into a versioned prefix (servefleet).
 #
-# Uploaded and run by servefleet.operations.llamacpp.build only when the prefix is missing;
+# Uploaded and run by servefleet.engines.llamacpp.operations.build only when the prefix is missing;
 # every input comes from the environment:
 #   GIT_URL COMMIT TAG   where the source comes from; COMMIT is the pin, TAG a label
 #   SRC_DIR BUILD_DIR    the node's clone and scratch build tree (wiped before configuring)

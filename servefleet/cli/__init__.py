@@ -1,4 +1,5 @@
-"""`servefleet` command line: one sub-command per module of servefleet/cli/, plus the commands
+"""`servefleet` command line: one sub-command per module of servefleet/cli/, the commands each
+engine declares (Engine.commands: modules of its package, e.g. plan-kv), plus the commands
 other installed packages register under the entry-point group `servefleet.commands` (the dev
 package's demo, testbed and hub), so this package never imports them."""
 
@@ -13,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from servefleet.cli import json_report, pipes, workdir
 from servefleet.core.errors import EXIT_DOCS, DataError, Exit, InputError
+from servefleet.engines import ENGINES
 
 COMMANDS = (
     "bench",
@@ -20,7 +22,6 @@ COMMANDS = (
     "help",
     "inspect",
     "knobs",
-    "plan_kv",
     "rebuild",
     "rollback",
     "rollout",
@@ -95,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     # Each module exposes register(subparsers) and sets func=run(args) -> int.
     for name in COMMANDS:
         importlib.import_module(f"servefleet.cli.{name}").register(sub)
+    for engine in ENGINES:
+        for name in engine.commands:
+            importlib.import_module(f"{engine.package}.{name}").register(sub)
     for ep in sorted(entry_points(group="servefleet.commands"), key=lambda e: e.name):
         try:
             module = ep.load()

@@ -78,7 +78,7 @@ def _show_gguf(console: Console, path: Path, lint: GgufLint) -> None:
     if lint.defect == "uncounted_blocks_missing":
         console.print(
             f"[red]defect[/red] {lint.defect}: block_count {lint.block_count} counts blocks the file "
-            f"does not hold (highest blk index {lint.highest_block}); llama.cpp fails with "
+            f"does not hold (highest blk index {lint.highest_block}); llama-server fails with "
             f"'blk.{highest + 1}.attn_norm.weight' not found"
         )
     else:

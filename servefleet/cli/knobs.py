@@ -1,5 +1,5 @@
 """`servefleet knobs [--markdown]`: every knob of the data contract, its default and its doc,
-from group_data/*.py (the defaults and docs) and servefleet.core.contract (checks, recipes).
+from group_data/*.py (the defaults and docs) and servefleet.fleet.contract (checks, recipes).
 docs/knobs.md's knob lists are this command's --markdown output: one list item per knob, every
 line at most 100 columns, a long dict or list default shown by its size and its file."""
 
@@ -9,16 +9,12 @@ import re
 from pathlib import Path
 
 from servefleet.cli.output import table, width, wrap
-from servefleet.core import contract, groupdata
+from servefleet.core import groupdata
 from servefleet.core.errors import InputError
+from servefleet.engines import ENGINES
+from servefleet.fleet import contract
+from servefleet.fleet.nodes import NODE_CLASSES
 
-SECTIONS = (
-    ("all", "Shared by every host (group_data/all.py)"),
-    ("spark", "DGX Spark, BF16 vLLM (group_data/spark.py)"),
-    ("rtx4090", "RTX 4090, llama.cpp (group_data/rtx4090.py)"),
-    ("depot", "Model depot (group_data/depot.py)"),
-    ("testbed_spark", "Testbed only (group_data/testbed_spark.py)"),
-)
 MAX_COLUMNS = 100  # docs/ pages' limit (tests/unit/test_docs.py)
 MAX_DEFAULT = 60  # a longer dict or list default is shown by its size and where it is written
 CODE_SPAN = re.compile(r"`[^`]*`")
@@ -33,6 +29,28 @@ def register(sub) -> None:
         "--wide", action="store_true", help="each knob's default and recipes too, on one line"
     )
     p.set_defaults(func=run)
+
+
+def sections() -> list[tuple[str, str]]:
+    """(group, title) of each data file with defaults: all.py, each node class's, each engine's,
+    then the testbed files that declare testbed-only knobs."""
+    found = [("all", "Shared by every host")]
+    found += [(n.name, f"Node class {n.title}") for n in NODE_CLASSES]
+    found += [(e.name, f"Engine {e.title}") for e in ENGINES]
+    testbed = sorted(p.stem for p in Path(groupdata.GROUP_DATA).glob("testbed*.py"))
+    found += [
+        (g, "Testbed only")
+        for g in testbed
+        if any(
+            (k := contract.BY_NAME.get(a.name)) and k.scope == contract.TESTBED
+            for a in groupdata.assignments(g)
+        )
+    ]
+    return [
+        (g, f"{title} (group_data/{g}.py)")
+        for g, title in found
+        if groupdata.group_file(g).is_file()
+    ]
 
 
 def narrow(knob_rows: list[tuple[str, str, str, str]], columns: int) -> list[str]:
@@ -58,7 +76,7 @@ def knobs(group: str) -> list[tuple[str, str, bool, str, str]]:
     values = groupdata.load_group(group) or {}
     for a in groupdata.assignments(group):
         knob = contract.BY_NAME.get(a.name)
-        recipes = ", ".join(knob.recipes) if knob else "?"
+        recipes = ", ".join(contract.readers(knob)) if knob else "?"
         flag = " (serving)" if knob and knob.serving else ""
         default, literal = shown(a, values.get(a.name))
         out.append((a.name, default, literal, recipes + flag, a.doc))
@@ -93,7 +111,7 @@ def item(name: str, default: str, literal: bool, recipes: str, doc: str) -> list
 
 def markdown() -> str:
     parts = []
-    for group, title in SECTIONS:
+    for group, title in sections():
         if not groupdata.group_file(group).is_file():
             continue
         parts.append(f"#### {title}\n")
@@ -114,7 +132,7 @@ def run(args) -> int:
     if args.markdown:
         print(markdown(), end="")
         return 0
-    for group, title in SECTIONS:
+    for group, title in sections():
         if groupdata.group_file(group).is_file():
             print(f"{title}:")
             if args.wide:

@@ -10,10 +10,9 @@ import difflib
 import hashlib
 from dataclasses import dataclass
 
-from servefleet.core import llamacpp as llama
 from servefleet.core.models import SHA_RE
+from servefleet.core.python_env import public_version
 from servefleet.core.releases import Releases
-from servefleet.core.vllm import public_version
 
 IN_SYNC, DRIFTED, CONDITIONAL, ALWAYS = "in_sync", "drifted", "conditional", "always_runs"
 DIFF_MAX_LINES = 24
@@ -135,41 +134,6 @@ def flags_delta(expected: dict, found: dict) -> tuple[str, str]:
     keys = sorted(k for k in set(expected) | set(found) if expected.get(k) != found.get(k))
     fmt = lambda d: " ".join(f"{k}={d[k]}" if k in d else f"{k} unset" for k in keys)  # noqa: E731
     return fmt(expected), fmt(found)
-
-
-def build_items(data, builds: llama.Builds) -> list[Item]:
-    """The llama.cpp build `current` points at vs the pinned commit and the CMake flags of data."""
-    want_name, commit = llama.build_name(data), data["llamacpp_commit"]
-    flags = dict(data["llamacpp_cmake_flags"])
-    current = builds.current_name
-    rec = builds.records.get(current) if current else None
-    items = [
-        item(
-            "llama.cpp current build",
-            current == want_name,
-            want_name,
-            current or "no `current` link",
-        )
-    ]
-    if rec is None:
-        why = "no build.json for current" if current else "no build"
-        items += [
-            item("llama.cpp commit", False, commit, why),
-            item("llama.cpp CMake flags", False, flags_text(flags), why),
-        ]
-        return items
-    items.append(
-        item(
-            "llama.cpp commit",
-            rec.get("commit") == commit,
-            commit,
-            rec.get("commit") or "(not recorded)",
-        )
-    )
-    found_flags = rec.get("cmake_flags") or {}
-    exp, got = flags_delta(flags, found_flags)
-    items.append(item("llama.cpp CMake flags", found_flags == flags, exp, got))
-    return items
 
 
 def service_items(

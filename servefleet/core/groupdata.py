@@ -1,7 +1,7 @@
 """group_data/*.py as pyinfra reads them, and the one-line docs beside each value.
 
 group_data is the operator's source of defaults and docs: `name = value  # what it is`. The
-knob lists of docs/knobs.md are generated from it and from servefleet.core.contract.
+knob lists of docs/knobs.md are generated from it and from servefleet.fleet.contract.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GROUP_DATA = "group_data"
-# The files that hold defaults of fleet knobs (testbed*.py only override them, or declare
-# testbed-only knobs).
-DEFAULT_FILES = ("all", "spark", "rtx4090", "depot")
 
 
 def group_file(name: str, cwd: str | Path = ".") -> Path:

@@ -26,6 +26,9 @@ from servefleet.core.secrets import SECRET_RE, SecretError, read_secret
 RECORD = ".servefleet/verified.json"  # inside the model directory: "complete and verified"
 SIZES_MARKER = "#servefleet-sizes"  # the VerifiedModel fact's separator: record, then sizes
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+# model_source's values (data): each node downloads from the hub, or copies from the fleet's
+# model store (the depot node class, servefleet.fleet.nodes).
+FROM_HUB, FROM_STORE = "hub", "depot"
 
 
 def matches(path: str, include: list[str]) -> bool:

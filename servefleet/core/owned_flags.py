@@ -1,48 +1,14 @@
-"""Engine flags the recipes set from data, which extra arguments may not set again.
+"""Engine flags a recipe sets from data, which extra arguments may not set again.
 
-vLLM (argparse) and llama.cpp take the last of a repeated flag, so `vllm_extra_args =
-["--host", "0.0.0.0"]` would bind every address past the loopback-or-key rule, and
-`["--api-key", "..."]` would put the key into argv and the 0644 unit. Each flag below is rendered
-by the recipe from the data key named beside it; extra arguments that set it again are refused.
+Engines take the last of a repeated flag, so extra arguments that set `--host` would bind past
+the loopback-or-key rule and `--api-key` would put the key into argv and the 0644 unit. Each
+engine declares its table (flag -> the data key that sets it) and the knob of its extra
+arguments (servefleet.core.declarations.Engine); this checks one against the other.
 """
 
 from __future__ import annotations
 
-# flag -> the data key that sets it
-VLLM_OWNED = {
-    "--host": "service_host",
-    "--port": "service_port",
-    "--uds": "service_host",
-    "--api-key": "api_key_file",
-    "--model": "model_repo / model_revision",
-    "--served-model-name": "served_model_name",
-    "--dtype": "the recipe (bfloat16)",
-    "--max-model-len": "max_model_len",
-    "--kv-cache-memory-bytes": "kv_cache_memory_bytes",
-    "--language-model-only": "language_model_only",
-    "--no-language-model-only": "language_model_only",
-    # Runs the repository's own Python as the engine: on only where the data says so.
-    "--trust-remote-code": "trust_remote_code",
-    "--no-trust-remote-code": "trust_remote_code",
-}
-LLAMACPP_OWNED = {
-    "--host": "service_host",
-    "--port": "service_port",
-    "--api-key": "api_key_file",
-    "--api-key-file": "api_key_file",
-    "-m": "model_file",
-    "--model": "model_file",
-    "-mu": "model_file",
-    "--model-url": "model_file",
-    "-hf": "model_file",
-    "--hf-repo": "model_file",
-    "-a": "served_model_name",
-    "--alias": "served_model_name",
-    "-c": "llamacpp_context",
-    "--ctx-size": "llamacpp_context",
-    "--override-kv": "the GGUF lint (llamacpp_gguf_overrides)",
-}
-OWNED = {"vllm_extra_args": VLLM_OWNED, "llamacpp_server_args": LLAMACPP_OWNED}
+from collections.abc import Mapping
 
 
 def _name(arg: str, underscores: bool) -> str:
@@ -50,18 +16,19 @@ def _name(arg: str, underscores: bool) -> str:
     return name.replace("_", "-") if underscores and name.startswith("--") else name
 
 
-def owned_flag_problems(key: str, args) -> list[str]:
+def owned_flag_problems(
+    key: str, args, owned: Mapping[str, str], abbreviations: bool = False
+) -> list[str]:
     """One line per argument of `key` that sets a recipe-owned flag: exactly, as --flag=value,
-    with underscores (vLLM), or as an argparse abbreviation (a prefix of an owned long flag)."""
-    owned = OWNED[key]
-    vllm = key == "vllm_extra_args"
+    and for an argparse engine (abbreviations) with underscores or as an abbreviation (a prefix
+    of an owned long flag)."""
     problems = []
     for arg in args or ():
         if not isinstance(arg, str) or not arg.startswith("-") or arg == "-":
             continue
-        name = _name(arg, underscores=vllm)
+        name = _name(arg, underscores=abbreviations)
         hit = owned.get(name)
-        if hit is None and vllm and name.startswith("--") and len(name) > 3:
+        if hit is None and abbreviations and name.startswith("--") and len(name) > 3:
             hit = next(
                 (who for flag, who in owned.items() if flag.startswith(name) and flag != name), None
             )

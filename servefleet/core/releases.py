@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 from dataclasses import asdict, dataclass, field, replace
 
 from servefleet.core import records as rc
@@ -22,7 +23,9 @@ from servefleet.core.records import RecordError
 # reads it: such a host was not rolled back, and is not broken).
 NO_PREVIOUS = "has no previous release to roll back to"
 
-ENGINES = ("vllm", "llama.cpp")
+# The engine a release names (Engine.label, servefleet.engines): a short lowercase name. Which
+# engines exist is the registry's to say; the verbs refuse a release of none of them.
+ENGINE_LABEL = re.compile(r"[a-z][a-z0-9._-]{0,31}")
 # A release's health check, as recipes/serving.py gate_args writes it: key -> allowed types.
 GATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "script": str,
@@ -45,7 +48,7 @@ MAX_KEPT = 64  # previous releases a record may list (releases_keep is far below
 
 @dataclass(frozen=True)
 class Release:
-    engine: str  # "vllm" | "llama.cpp"
+    engine: str  # Engine.label of the engine that serves it
     version: str  # "0.24.0" | "b9785"
     prefix: str  # the venv or the build prefix
     unit: str  # unit name
@@ -97,8 +100,8 @@ class Release:
             return None
         rc.only_keys(doc, cls.__dataclass_fields__, what)
         engine = doc.get("engine")
-        if engine not in ENGINES:
-            raise RecordError(f"{what}: 'engine' is not one of {', '.join(ENGINES)}")
+        if not isinstance(engine, str) or not ENGINE_LABEL.fullmatch(engine):
+            raise RecordError(f"{what}: 'engine' is not an engine's name")
         gate = doc.get("gate", {})
         rc.only_keys(gate, GATE_TYPES, f"{what}'s gate")
         for key, value in gate.items():

@@ -240,29 +240,3 @@ def version_argv(unit_text: str) -> list[str]:
             if words and words[0].startswith("/"):
                 return [words[0], "--version"]
     raise UnitReadError("the recorded unit has no ExecStart= with an absolute program")
-
-
-def vllm_probe_argv(venv_python: str, executable: str, gpu: bool) -> list[str]:
-    """GPU node: the venv's torch initialises CUDA and names the device. Without a GPU (the
-    testbed): the executable the unit starts, asked for its version."""
-    if gpu:
-        return [
-            venv_python,
-            "-c",
-            "import torch; torch.cuda.init(); print(torch.cuda.get_device_name(0))",
-        ]
-    return [executable, "--version"]
-
-
-# `nvidia-smi -L` exits 0 with "No devices found." when /dev/nvidia0 is out of reach (seen on
-# the H200 with the old allow list): the probe wants a GPU line.
-NVIDIA_SMI_PROBE = (
-    "nvidia-smi -L | grep '^GPU ' || { echo 'nvidia-smi -L lists no GPU' >&2; exit 1; }"
-)
-
-
-def llamacpp_probe_argv(server: str, gpu: bool) -> list[str]:
-    """GPU node: nvidia-smi -L through the allowed devices, listing a GPU. Without a GPU: the
-    llama-server the unit starts (its libraries loaded under W^X and the filter), asked for its
-    version."""
-    return ["/bin/sh", "-c", NVIDIA_SMI_PROBE] if gpu else [server, "--version"]

@@ -47,7 +47,7 @@ def locate(name: str | None) -> DepotHost:
     if name is None or depot is None:
         raise DataError(
             f"invalid data for host {host.name}: depot_host = {name!r} is not a host of this "
-            "inventory (use one that holds the depot too, e.g. inventory/fleet.py with --limit); "
+            "inventory (use one that holds that host too, e.g. inventory/fleet.py with --limit); "
             "nothing was changed"
         )
     data = depot.data
@@ -81,7 +81,7 @@ def pinned(name: str, data, address: str, port: int) -> tuple[str, ...]:
             )
     except PinError as exc:
         raise DataError(
-            f"invalid data for host {host.name}: depot {name} has no pinned SSH host key ({exc}); "
+            f"invalid data for host {host.name}: depot_host {name} has no pinned SSH host key ({exc}); "
             f"nodes trust only the key the operator pinned: in {name}'s fleet.yml entry set "
             f"ssh_known_hosts_file to a file holding its key for {names[0]} (checked out of "
             f"band) and ssh_strict_host_key_checking: yes; nothing was changed"

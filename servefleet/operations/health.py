@@ -1,19 +1,37 @@
-"""The health check of a serving node, for both engines: files/health/health.py run on the node.
+"""The health check of a serving node, for every engine: files/health/health.py run on the node.
 
-Used after a (re)start (guarded with `_if=`) and as a rollout's gate (servefleet.verbs.rollout
-runs the same command line). For vLLM the engine's KV-cache log lines of this start are compared
-with plan-kv's numbers, read from the node's config.json when the check runs.
+Used after a (re)start (guarded with `_if=`) and as a rollout's gate (servefleet.verbs.healthgate
+runs the same command line). A release records its gate's arguments (recipes/serving.py
+gate_args): the generic ones below, and what its engine adds (a vLLM gate's KV comparison),
+which the engine turns into arguments of its own (Engine.health_args).
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable, Mapping
 
 from pyinfra import host
 from pyinfra.api import operation
 
-from servefleet.core.vllm import kv_compared, kv_expectation
-from servefleet.operations.vllm_preflight import read_json_on_node
+# The gate's arguments every engine's check takes; the rest of a recorded gate is its engine's.
+GENERIC_KEYS = (
+    "script",
+    "python",
+    "url",
+    "model",
+    "unit",
+    "key_file",
+    "timeout_s",
+    "settle_s",
+    "expect_stopped",
+)
+
+
+def split_gate(gate: Mapping) -> tuple[dict, dict]:
+    """(the generic arguments, the engine's) of a recorded gate."""
+    generic = {k: v for k, v in gate.items() if k in GENERIC_KEYS}
+    return generic, {k: v for k, v in gate.items() if k not in GENERIC_KEYS}
 
 
 def argv(
@@ -26,13 +44,10 @@ def argv(
     timeout_s: int = 600,
     settle_s: int = 0,
     expect_stopped: bool = False,
-    kv_config: str | None = None,
-    kv_data: dict | None = None,
-    engine_version: str | None = None,
-    read_config: bool = True,
-    kv_user: str = "servefleet",
+    extra: Callable[[], list[str]] = list,
 ) -> list[str]:
-    """The health script's command line for this host (read_config: read config.json now)."""
+    """The health script's command line for this host; extra: () -> the engine's arguments
+    (called only when the check is one of a running service)."""
     args = [
         python,
         "-I",
@@ -52,27 +67,7 @@ def argv(
         return args + ["--expect-stopped"]
     if key_file:
         args += ["--key-file", key_file]
-    if kv_config and kv_data is not None:
-        if engine_version and not kv_compared(engine_version):
-            args += [
-                "--kv-not-compared",
-                f"plan-kv is not checked against vLLM {engine_version} on a GPU",
-            ]
-        else:
-            config = read_json_on_node(kv_config, kv_user) if read_config else None
-            expected = kv_expectation(config, kv_data) if isinstance(config, dict) else None
-            if expected:
-                args += [
-                    "--expect-tokens",
-                    str(expected[0]),
-                    "--expect-concurrency",
-                    expected[1],
-                    "--max-model-len",
-                    str(kv_data["max_model_len"]),
-                ]
-            elif kv_data.get("kv_cache_memory_bytes") is None:
-                args += ["--kv-not-compared", "vLLM sizes its pool from free memory"]
-    return args
+    return args + extra()
 
 
 @operation()
@@ -86,13 +81,11 @@ def check(
     timeout_s: int = 600,
     settle_s: int = 0,
     expect_stopped: bool = False,
-    kv_config: str | None = None,
-    kv_data: dict | None = None,
-    engine_version: str | None = None,
-    kv_user: str = "servefleet",
+    engine_args: Callable[[bool], list[str]] = lambda on_node: [],
 ):
     """
-    Wait for /health, compare the KV log lines (vLLM), run one chat completion, settle.
+    Wait for /health, compare what the engine adds (vLLM: its KV log lines), run one chat
+    completion, settle.
 
     + script: files/health/health.py on the node
     + python: the interpreter that runs it (stdlib only)
@@ -103,11 +96,7 @@ def check(
     + timeout_s: how long a start may take
     + settle_s: how long the service must then stay healthy
     + expect_stopped: the data says the service is stopped: check that, nothing else
-    + kv_config: vLLM only: the checkpoint's config.json on the node (plan-kv's input)
-    + kv_data: vLLM only: max_model_len, kv_cache_memory_bytes, kv_block_alignment
-    + engine_version: vLLM only: KV lines are compared only for versions checked on a GPU
-    + kv_user: vLLM only: the service user, as whom config.json is read (the engine can write
-      the models root); releases recorded before it was kept use the default user
+    + engine_args: (read on the node now) -> the engine's own arguments (Engine.health_args)
 
     Always runs a command when called: guard it with ``_if=``.
 
@@ -119,6 +108,7 @@ def check(
                      url="http://127.0.0.1:8080", model="qwen", unit="servefleet-llama.service",
                      _if=svc.started)
     """
+    executing = bool(host.state.is_executing)
     yield " ".join(
         shlex.quote(a)
         for a in argv(
@@ -131,10 +121,6 @@ def check(
             timeout_s,
             settle_s,
             expect_stopped,
-            kv_config,
-            kv_data,
-            engine_version,
-            read_config=host.state.is_executing,
-            kv_user=kv_user,
+            extra=lambda: engine_args(executing),
         )
     )

@@ -13,7 +13,15 @@ import shlex
 from pyinfra import host
 from pyinfra.api import operation
 
-from servefleet.core.models import SHA_RE, HubError, hub_commit, operator_token, satisfies
+from servefleet.core.knobs import DEPOT
+from servefleet.core.models import (
+    FROM_STORE,
+    SHA_RE,
+    HubError,
+    hub_commit,
+    operator_token,
+    satisfies,
+)
 from servefleet.facts import batch
 from servefleet.facts.depot import DepotRef
 from servefleet.facts.models import VerifiedModel
@@ -86,17 +94,17 @@ def fetch(
         "margin_bytes": margin_bytes,
         "record_fd": 3,
     }
-    if source == "depot":
+    if source == FROM_STORE:
         where = locate(depot_host)
         sha = revision if pinned else ref_on_depot(where, repo_id, revision)
         if sha is None:
             yield fail_host(
-                f"depot {where.name} has no verified copy of {repo_id}@{revision}: "
-                f"add it to depot_models and run deploys/depot.py"
+                f"depot_host {where.name} has no verified copy of {repo_id}@{revision}: "
+                f"add it to its depot_models and run deploys/{DEPOT}.py"
             )
             return
         if satisfies(record, repo_id, sha, include):
-            host.noop(f"{repo_id}@{sha[:12]} is verified in {dest} (depot {where.name})")
+            host.noop(f"{repo_id}@{sha[:12]} is verified in {dest} (from {where.name})")
             return
         request.update(
             sha=sha,

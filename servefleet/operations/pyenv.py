@@ -2,7 +2,7 @@
 
 Both operations are no-ops when the node is already as data says, so a converge with nothing
 to do yields no command, and neither starts a Python interpreter to find out: versions come
-from `*.dist-info/METADATA` (facts.vllm.DistVersions), torch.version.cuda from torch/version.py.
+from `*.dist-info/METADATA` (facts.pyenv.DistVersions), torch.version.cuda from torch/version.py.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pyinfra import host
 from pyinfra.api import operation
 
-from servefleet.core.vllm import version_problems, versions_match
+from servefleet.core.python_env import version_problems, versions_match
 from servefleet.facts import batch
 from servefleet.facts.node import PathStat
-from servefleet.facts.vllm import DistVersions, TorchCuda
+from servefleet.facts.pyenv import DistVersions, TorchCuda
 from servefleet.operations.node import fail_host
 
 

@@ -62,12 +62,12 @@ def rollback(
     releases_file: str,
     running_file: str,
     unit_dir: str,
-    llama_current: str,
+    links: dict[str, str],
     force_previous: bool = False,
 ):
     """
-    Serve the last healthy release again: its unit, its build (llama.cpp `current`), a
-    restart. Nothing is downloaded or built: a kept release's directories are on disk.
+    Serve the last healthy release again: its unit, its prefix (for an engine that serves
+    through a link, the link moved back), a restart. Nothing is downloaded or built: a kept release's directories are on disk.
 
     Which one: the recorded current release is installed (recorded before its restart); when
     the service was found healthy with it (running.json), it is the release to go back *from*,
@@ -78,7 +78,7 @@ def rollback(
     + releases_file: the node's releases.json
     + running_file: the node's running.json (the release the service now runs)
     + unit_dir: systemd's unit directory
-    + llama_current: llama.cpp's `current` link (moved back for a llama.cpp release)
+    + links: {release engine: the link its prefix is served through} (Engine.current_link)
     + force_previous: go back to the previous release even from a healthy current one (an
       operator's `servefleet rollback`)
 
@@ -95,7 +95,7 @@ def rollback(
         releases.rollback(releases_file="/opt/servefleet/state/releases.json",
                           running_file="/opt/servefleet/state/running.json",
                           unit_dir="/etc/systemd/system",
-                          llama_current="/opt/servefleet/llama.cpp/current")
+                          links={"llama.cpp": "/opt/servefleet/llama.cpp/current"})
     """
     records = batch.get(host, NodeReleases, path=releases_file)
     running = batch.get(host, RunningRelease, path=running_file)
@@ -126,11 +126,11 @@ def rollback(
         return
     yield StringCommand("sh", "-c", shlex.quote(probe))
     yield from upload._inner(dest=f"{unit_dir}/{target.unit}", content=target.unit_text, mode="644")
-    if target.engine == "llama.cpp":
+    link = links.get(target.engine)
+    if link:
         q = shlex.quote
         yield StringCommand(
-            f"ln -sfn {q(target.prefix)} {q(llama_current + '.new')} && "
-            f"mv -T {q(llama_current + '.new')} {q(llama_current)}"
+            f"ln -sfn {q(target.prefix)} {q(link + '.new')} && mv -T {q(link + '.new')} {q(link)}"
         )
     unit = shlex.quote(target.unit)
     yield StringCommand(f"systemctl daemon-reload && systemctl restart {unit}")
@@ -167,7 +167,7 @@ def mark_running(running_file: str, release):
     + running_file: the node's running.json
     + release: () -> Release (as for ``record``)
 
-    **Example:** servefleet.recipes.vllm.health.
+    **Example:** servefleet.engines.vllm.steps.health.
     """
     new = release()
     if batch.get(host, RunningRelease, path=running_file) == new.id:

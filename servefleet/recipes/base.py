@@ -2,7 +2,8 @@
 
 `begin(recipe)` is how every deploy starts: the host's data is validated against the contract
 (the same check the inventory ran before connecting, repeated here for inventories that are not
-servefleet's), and a host of another role gets a visible no-op. `node_base()` is the base every
+servefleet's), and a host the deploy does not act on (a serving deploy on a host of another
+engine, the depot's on a serving node) gets a visible no-op. `node_base()` is the base every
 recipe includes: preflight, OS packages, the service account and the tree, the tools venv.
 """
 
@@ -13,8 +14,6 @@ from collections.abc import Callable
 from pyinfra import host
 from pyinfra.facts.files import File, Sha256File
 
-from servefleet.core import contract
-from servefleet.core.data import HostData, Layer, root_reads, settle, validate
 from servefleet.core.layout import NodeLayout
 from servefleet.core.node import per_family
 from servefleet.core.python_env import source_args
@@ -29,15 +28,16 @@ from servefleet.facts.node import (
     PathChain,
     PathStat,
 )
-from servefleet.facts.vllm import DistVersions
+from servefleet.facts.pyenv import DistVersions
+from servefleet.fleet import registry
+from servefleet.fleet.data import HostData, Layer, root_reads, settle, validate
 from servefleet.operations import files, node, pyenv, root_paths
 from servefleet.recipes.steps import deploy
 
-# The tools venv's packages (dist-info names): uv makes the serving venvs; hf fetches models;
-# gguf reads GGUF headers for the lint.
+# The tools venv's packages (dist-info names): uv makes the serving venvs; hf fetches models.
+# An engine adds its own (llama.cpp: gguf, which reads GGUF headers for the lint).
 TOOLS = {"uv": "uv_version"}
 MODEL_TOOLS = {"huggingface-hub": "huggingface_hub_version"}
-GGUF_TOOLS = {"gguf": "llamacpp_gguf_version"}
 
 
 def data() -> dict:
@@ -61,26 +61,23 @@ def python() -> str:
     return family_value("python_interpreter")
 
 
-def begin(recipe: str) -> bool:
-    """Validate this host's data for `recipe`; False (and a visible no-op) on another role."""
+def begin(recipe: str, plan: Callable[[], None] | None = None) -> bool:
+    """Validate this host's data for deploys/<recipe>.py; False (and a visible no-op) on a host
+    it does not act on. plan: what the recipe's own steps read besides the base (an engine's
+    steps pass theirs), planned with the base's as one read."""
     validate(HostData(host.name, list(host.groups), [Layer("this host's data", data())]), recipe)
     settle(host.data)  # 8GiB from --data or fleet.yml: read as bytes by every step
-    role = contract.ROLE_OF.get(recipe)
-    if role is None or role in host.groups:
+    if registry.applies(recipe, host.groups):
         plan_base()
-        if recipe in PLANS:
-            PLANS[recipe]()
+        if plan is not None:
+            plan()
         return True
+    whose = registry.whose(recipe)
     node.skip(
-        name=f"{recipe} acts on {role} hosts only: nothing to do on {host.name}",
-        reason=f"{host.name} is not a {role} host",
+        name=f"{recipe} acts on {whose} hosts only: nothing to do on {host.name}",
+        reason=f"{host.name} is not a {whose} host",
     )
     return False
-
-
-# recipe -> () -> None: what that recipe's steps read besides the base, planned by begin() so
-# that one command reads it all (each serving recipe module registers its own).
-PLANS: dict[str, Callable[[], None]] = {}
 
 
 def upload_reads(*paths: str) -> list:
@@ -129,14 +126,14 @@ def accounts() -> tuple[tuple[str, str, str, str], ...]:
     command through it)."""
     lay = layout()
     found = [("servefleet_user", host.data.servefleet_user, lay.cache_dir, NOLOGIN)]
-    if "depot" in host.groups and host.data.get("depot_user"):
+    if registry.keeps_store(host.groups) and host.data.get("depot_user"):
         found.append(("depot_user", host.data.depot_user, lay.depot_home, "/bin/sh"))
     return tuple(found)
 
 
 def own_dirs() -> tuple[tuple[str, str], ...]:
     """(data key, directory) of what servefleet makes its own on this host (NodeLayout.own_dirs)."""
-    return layout().own_dirs(depot="depot" in host.groups)
+    return layout().own_dirs(depot=registry.keeps_store(host.groups))
 
 
 def check_own_dirs() -> None:

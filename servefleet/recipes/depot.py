@@ -22,19 +22,19 @@ from servefleet.recipes.steps import deploy
 RRSYNC = "/usr/bin/rrsync"  # rsync >= 3.2.4 ships it (Debian 12, Ubuntu 24.04)
 
 
-@deploy("Depot read-only account")
+@deploy("Model store read-only account")
 def account():
     """depot_user: logs in only with the fleet key, forced to `rrsync -ro {depot_store}`."""
     lay, user = base.layout(), host.data.servefleet_user
     depot_user = host.data.depot_user
     _, public = fleet_key(host.data, host.name)
     pyinfra_files.directory(
-        name=f"Depot store {lay.depot_dir}", path=lay.depot_dir, user=user, group=user, mode="755"
+        name=f"Model store {lay.depot_dir}", path=lay.depot_dir, user=user, group=user, mode="755"
     )
     base.mark_own_dirs(("depot_store",))
     # A shell, because sshd runs the forced command through it; the key allows nothing else.
     node.account(
-        name=f"Depot user {depot_user}", user=depot_user, home=lay.depot_home, shell="/bin/sh"
+        name=f"Model store user {depot_user}", user=depot_user, home=lay.depot_home, shell="/bin/sh"
     )
     for d in (lay.depot_home, f"{lay.depot_home}/.ssh"):  # root's: the account cannot change them
         pyinfra_files.directory(
@@ -49,7 +49,7 @@ def account():
     )
 
 
-@deploy("Depot")
+@deploy("Model store")
 def serve():
     """The depot role: read-only account, then each model of depot_models, once, verified."""
     account()
@@ -66,7 +66,7 @@ def serve():
     }
     for m in models:
         model_ops.depot_copy(
-            name=f"Depot copy of {m['repo_id']}@{m['revision']}",
+            name=f"Stored copy of {m['repo_id']}@{m['revision']}",
             repo_id=m["repo_id"],
             revision=m["revision"],
             include=m["include"],

@@ -22,9 +22,9 @@ from pyinfra.facts.files import File
 
 from servefleet.core.fleetkey import fleet_key
 from servefleet.core.layout import NodeLayout
-from servefleet.core.models import SHA_RE, HubError, hub_commit, operator_token
+from servefleet.core.models import FROM_STORE, SHA_RE, HubError, hub_commit, operator_token
 from servefleet.facts.models import VerifiedModel, record_args
-from servefleet.facts.vllm import DistVersions
+from servefleet.facts.pyenv import DistVersions
 from servefleet.operations import depot as depot_ops, files, models as model_ops
 from servefleet.recipes import base
 from servefleet.recipes.steps import deploy
@@ -53,7 +53,7 @@ def resolve(repo_id: str, revision: str) -> str | None:
     the fetch operation then fails this host with the reason."""
     if SHA_RE.fullmatch(revision):
         return revision
-    if host.data.model_source == "depot":
+    if host.data.model_source == FROM_STORE:
         return depot_ops.ref_on_depot(depot_ops.locate(host.data.depot_host), repo_id, revision)
     try:
         return hub_commit(
@@ -127,13 +127,13 @@ def model_tools(source: str):
             files.absent(name="No hub token (anonymous)", path=lay.hf_token_file)
         # A node switched from the depot keeps no fleet key it no longer uses.
         for path in (lay.depot_key, lay.depot_known_hosts):
-            files.absent(name=f"No depot key material {path} (hub source)", path=path)
+            files.absent(name=f"No fleet key material {path} (hub source)", path=path)
     else:
-        files.absent(name="No hub token (depot source)", path=lay.hf_token_file)
+        files.absent(name="No hub token (model store source)", path=lay.hf_token_file)
         depot_ops.locate(host.data.depot_host)  # a bad depot_host stops the run here
         private, _ = fleet_key(host.data, host.name)
         files.upload(
-            name="Fleet key for the depot (0600)",
+            name="Fleet key for the model store (0600)",
             dest=lay.depot_key,
             content=private,
             owner=host.data.servefleet_user,
@@ -142,7 +142,7 @@ def model_tools(source: str):
             secret=True,
         )
         depot_ops.known_hosts(
-            name="Depot host key (known_hosts)",
+            name="Model store's host key (known_hosts)",
             path=lay.depot_known_hosts,
             depot_host=host.data.depot_host,
         )

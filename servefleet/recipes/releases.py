@@ -1,4 +1,5 @@
-"""The last step of both serving recipes: record the node's release (servefleet.core.releases)."""
+"""The last step of every serving recipe: record the node's release (servefleet.core.releases);
+and the rollback that serves the previous one again."""
 
 from __future__ import annotations
 
@@ -7,19 +8,21 @@ from collections.abc import Callable
 from pyinfra import host
 from pyinfra.api.operation import OperationMeta
 
-from servefleet.core.data import serving_digest
+from servefleet.core.declarations import Engine
 from servefleet.core.layout import UNIT_DIR, NodeLayout
 from servefleet.core.releases import Release
 from servefleet.core.systemd import render_unit
+from servefleet.engines import ENGINES
 from servefleet.facts import batch
 from servefleet.facts.models import VerifiedModel, record_args
+from servefleet.fleet.data import serving_digest
 from servefleet.operations import releases as release_ops
 from servefleet.recipes import base
 from servefleet.recipes.steps import deploy
 
 
 def build(
-    engine: str,
+    engine: Engine,
     version: str,
     prefix: str,
     unit: str,
@@ -38,7 +41,7 @@ def build(
     def release() -> Release:
         record = batch.get(host, VerifiedModel, **record_args(host.data, model_dir)) or {}
         return Release(
-            engine=engine,
+            engine=engine.label,
             version=version,
             prefix=prefix,
             unit=unit,
@@ -65,7 +68,7 @@ def record(release_of: Callable[[], Release]) -> OperationMeta:
         releases_file=lay.releases_file,
         release=release_of,
         keep=host.data.releases_keep,
-        bounds=[lay.venvs_dir, lay.llama_dir, lay.models_dir],
+        bounds=[*(d for e in ENGINES for d in e.release_dirs(lay)), lay.models_dir],
     )
 
 
@@ -79,6 +82,6 @@ def rollback(force_previous: bool):
         releases_file=lay.releases_file,
         running_file=lay.running_file,
         unit_dir=UNIT_DIR,
-        llama_current=lay.llama_current,
+        links={e.label: link for e in ENGINES if (link := e.current_link(lay))},
         force_previous=force_previous,
     )

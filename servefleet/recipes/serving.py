@@ -1,9 +1,10 @@
-"""The steps both serving recipes share: the API key on the node, the health gate's arguments
+"""The steps every serving recipe shares: the API key on the node, the health gate's arguments
 and the health step that runs it after a (re)start.
 
 A release records its gate (servefleet.recipes.releases), so a rollout gates a host, rolled back
-or not, with the check of the release it serves; the arguments are built here once for both
-engines, the engine adds its own (vLLM: the KV comparison).
+or not, with the check of the release it serves; the arguments are built here once for every
+engine, the engine adds its own (vLLM: the KV comparison) and turns them into arguments of the
+check (Engine.health_args).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Sha1File
 
+from servefleet.core.declarations import Engine
 from servefleet.core.layout import NodeLayout, api_url
 from servefleet.core.secrets import read_secret
 from servefleet.facts.releases import NodeReleases, RunningRelease
@@ -39,7 +41,7 @@ def service_reads(lay: NodeLayout, unit: str) -> list:
 
 
 def api_key(env_file: str | None = None, env_var: str | None = None) -> AnyChanged:
-    """etc/api-key (root 0600; llama.cpp gets it through LoadCredential=), and, for an engine
+    """etc/api-key (root 0600; an engine that reads a file gets it through LoadCredential=), and, for an engine
     that reads its key from the environment, env_file holding `env_var=KEY` (root 0600, an
     EnvironmentFile=). Without api_key_file, neither exists."""
     data, lay = base.data(), base.layout()
@@ -87,7 +89,7 @@ def gate_args(unit: str, **engine) -> dict:
     }
 
 
-def health(label: str, svc: ServiceRun, gate: dict) -> None:
+def health(label: str, svc: ServiceRun, gate: dict, engine: Engine) -> None:
     """Only when the service was (re)started in this run: the gate, then the running release
     recorded (state/running.json: what a later run compares with what it installs)."""
     lay = base.layout()
@@ -103,7 +105,13 @@ def health(label: str, svc: ServiceRun, gate: dict) -> None:
         content=open(HEALTH_SCRIPT, "rb").read(),
         mode="755",
     )
-    health_ops.check(name=label, **gate, _if=svc.started)
+    generic, own = health_ops.split_gate(gate)
+    health_ops.check(
+        name=label,
+        **generic,
+        engine_args=lambda on_node: engine.health_args(own, on_node),
+        _if=svc.started,
+    )
     release_ops.mark_running(
         name="The running release",
         running_file=lay.running_file,

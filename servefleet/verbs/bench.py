@@ -17,6 +17,7 @@ from pathlib import Path
 from servefleet.core import perf
 from servefleet.core.layout import NodeLayout, api_url
 from servefleet.facts.releases import NodeReleases
+from servefleet.fleet import registry
 from servefleet.operations.files import put
 from servefleet.operations.node import run
 from servefleet.recipes.base import python
@@ -48,24 +49,21 @@ class NodeResult:
     roofline_note: str | None = None  # why no roofline figure means anything here (testbed)
 
 
-# The roles whose hosts serve a model (bench them); a depot stores models and serves none.
-SERVING_ROLES = ("spark", "rtx4090")
-NOT_SERVING = "depot"
-
-
 def not_serving(host) -> str | None:
-    """Why a host has no serving engine to bench (a depot), or None."""
-    groups = set(getattr(host, "groups", ()) or ())
-    if NOT_SERVING in groups and not groups & set(SERVING_ROLES):
-        return f"no serving engine (role {NOT_SERVING}): nothing to bench"
+    """Why a host has no serving engine to bench (a class without one: the depot), or None."""
+    groups = list(getattr(host, "groups", ()) or ())
+    cls = registry.node_class_of(groups)
+    if cls is not None and registry.engine_of(groups) is None:
+        return f"no serving engine (role {cls.name}): nothing to bench"
     return None
 
 
 def no_roofline(host, data) -> str | None:
     """Why the data's roofline means nothing on this host, or None: a testbed host (the group
-    `testbed`, or the vLLM stand-in as its engine) is no GB10 nor RTX 4090 (a CPU serves it)."""
+    `testbed`, or the vLLM stand-in as its engine) is none of the node classes whose roofline the
+    data holds (a CPU serves it)."""
     if data.get("vllm_executable"):
-        return "testbed: the vLLM stand-in, not the engine on the hardware the roofline is for"
+        return "testbed: the engine stand-in (vllm_executable), not the engine on the hardware the roofline is for"
     if "testbed" in set(getattr(host, "groups", ()) or ()):
         return "testbed: served on the CPU, not on the hardware the roofline is for"
     return None

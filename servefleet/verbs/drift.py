@@ -20,8 +20,9 @@ from pyinfra_cli.util import exec_file
 
 from servefleet.core.drift_items import ALWAYS, CONDITIONAL, DRIFTED, IN_SYNC, Item
 from servefleet.core.errors import Exit
+from servefleet.fleet.data import recipe_of
 from servefleet.verbs import session as api
-from servefleet.verbs.deep_drift import DEEP_CHECKS
+from servefleet.verbs.deep_drift import deep_items
 
 UNCHECKED = "unchecked"
 
@@ -32,6 +33,7 @@ class HostReport:
     status: str = IN_SYNC  # in_sync | drifted | unchecked
     error: str | None = None
     items: list[Item] = field(default_factory=list)
+    unreachable: bool = False  # unchecked because not connected (else a fact failed)
 
 
 @dataclass
@@ -134,10 +136,11 @@ def check(
                 report.hosts[host.name] = HostReport(host.name)
             for name, why in sess.unreachable.items():
                 report.hosts[name].status, report.hosts[name].error = UNCHECKED, why
+                report.hosts[name].unreachable = True
 
             def load(host):
                 exec_file(deploy_path)
-                deep = [i for check in DEEP_CHECKS for i in check(host)]
+                deep = deep_items(host, recipe_of(deploy_path))
                 if host in sess.state.failed_hosts:  # a fact could not be read
                     raise RuntimeError(sess.why(host.name, "a fact could not be read"))
                 return _classify(sess.state, host) + deep

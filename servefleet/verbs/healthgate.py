@@ -9,6 +9,7 @@ import time
 
 from servefleet.core.layout import NodeLayout
 from servefleet.facts.releases import NodeReleases
+from servefleet.fleet import registry
 from servefleet.operations import health
 from servefleet.operations.node import run
 
@@ -26,8 +27,16 @@ def gate(host, **overrides) -> tuple[bool, str, float]:
     wrong = gate_problem(records.current.gate, lay, host.data)
     if wrong:
         return False, f"the current release's gate {wrong}; the health check was not run", 0.0
+    engine = registry.engine_of_release(records.current.engine)
+    if engine is None:
+        return (
+            False,
+            f"the current release's engine {records.current.engine!r} is none of servefleet's",
+            0.0,
+        )
+    generic, own = health.split_gate(records.current.gate)
     started = time.monotonic()
-    argv = health.argv(**{**records.current.gate, **overrides})
+    argv = health.argv(**{**generic, **overrides}, extra=lambda: engine.health_args(own, True))
     ok, out, err = run(host, " ".join(shlex.quote(a) for a in argv))
     seconds = time.monotonic() - started
     report = {}

@@ -35,10 +35,10 @@ from pyinfra_cli.exceptions import UnexpectedExternalError
 from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
-from servefleet.core.data import settle
 from servefleet.core.errors import DataError
-from servefleet.core.inventory import fleet_path, reset_run_context, set_run_context
 from servefleet.core.node_output import shown
+from servefleet.fleet.data import settle
+from servefleet.fleet.inventory import fleet_path, reset_run_context, set_run_context
 from servefleet.verbs.progress import OperationProgress
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -144,7 +144,7 @@ def load_inventory(inventory_path: str, cwd: str, data: dict | None):
     if not inventory_path.endswith(".py"):
         raise DataError(
             f"inventory file {inventory_path}: expected a Python inventory such as "
-            f"inventory/spark.py (they read {fleet_path()})"
+            f"inventory/fleet.py (they read {fleet_path()})"
         )
     try:
         return make_inventory(inventory_path, cwd=cwd, override_data=data or {})
@@ -154,7 +154,7 @@ def load_inventory(inventory_path: str, cwd: str, data: dict | None):
         raise DataError(
             f"inventory file {inventory_path}: could not be loaded "
             f"({type(error).__name__}{': ' + why if why else ''}); expected an "
-            f"inventory such as inventory/spark.py"
+            f"inventory such as inventory/fleet.py"
         ) from None
 
 
@@ -277,6 +277,7 @@ class HostOutcome:
     changed: int = 0  # operations that ran commands
     operations: int = 0
     error: str | None = None
+    unreachable: bool = False  # not connected: error says why
 
 
 def load_deploy(sess: Session, deploy: str) -> None:
@@ -295,7 +296,9 @@ def execute(sess: Session) -> dict[str, HostOutcome]:
     outcomes = {}
     for host in sess.targets:
         if host.name in sess.unreachable:
-            outcomes[host.name] = HostOutcome(host.name, False, error=sess.unreachable[host.name])
+            outcomes[host.name] = HostOutcome(
+                host.name, False, error=sess.unreachable[host.name], unreachable=True
+            )
             continue
         ops = state.ops.get(host, {})
         changed = sum(
@@ -330,4 +333,7 @@ def converge(
             if on_operation is not None:
                 sess.state.add_callback_handler(OperationProgress(on_operation))
             return execute(sess)
-        return {n: HostOutcome(n, False, error=why) for n, why in sess.unreachable.items()}
+        return {
+            n: HostOutcome(n, False, error=why, unreachable=True)
+            for n, why in sess.unreachable.items()
+        }

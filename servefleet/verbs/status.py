@@ -5,16 +5,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import asdict, dataclass
 
-from servefleet.core import llamacpp as llama_logic, vllm as vllm_logic
-from servefleet.core.inventory import ROLES
 from servefleet.core.layout import NodeLayout, api_url
 from servefleet.core.releases import what_differs
-from servefleet.facts.llamacpp import LlamaBuilds
 from servefleet.facts.models import VerifiedModel, record_args
 from servefleet.facts.node import GpuMemoryUsed, MemoryBytes
 from servefleet.facts.releases import NodeReleases
 from servefleet.facts.systemd import UnitState
-from servefleet.facts.vllm import DistVersions
+from servefleet.fleet import registry
 from servefleet.operations.node import run
 from servefleet.verbs import session as api
 
@@ -23,8 +20,8 @@ from servefleet.verbs import session as api
 class NodeStatus:
     host: str
     role: str | None = None
-    engine: str | None = None  # short: "vllm 0.24.0", "llama.cpp b9785"
-    engine_detail: str | None = None  # "vLLM 0.24.0 (torch 2.11.0)", "llama.cpp b9785 (4f2e..)"
+    engine: str | None = None  # short, e.g. the engine and its version (Engine.status)
+    engine_detail: str | None = None  # with what else identifies it (torch, commit)
     model: str | None = None  # repo id
     revision: str | None = None  # requested revision -> resolved sha
     service: str | None = None  # active | inactive | failed | ...
@@ -40,47 +37,28 @@ class NodeStatus:
     release_perf: dict | None = None  # bench figures its last gated rollout recorded (core.perf)
     previous_release_perf: dict | None = None
     error: str | None = None
+    unreachable: bool = False  # not connected: error says why
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def _role(host) -> str | None:
-    return next((r for r in ROLES if r in host.groups), None)
-
-
-def _engine(host, role, data) -> tuple[str | None, str | None, str | None]:
-    """(short engine, detail, unit) from the recipe's own facts and paths."""
-    lay = NodeLayout.of(data)
-    if role == "spark":
-        found = host.get_fact(
-            DistVersions, venv=vllm_logic.venv_path(data), names=("torch", "vllm")
-        )
-        if "vllm" not in found:
-            return "vllm: none", "vLLM: not installed", vllm_logic.UNIT
-        return (
-            f"vllm {found['vllm']}",
-            f"vLLM {found['vllm']} (torch {found.get('torch', '?')})",
-            vllm_logic.UNIT,
-        )
-    if role == "rtx4090":
-        builds = host.get_fact(LlamaBuilds, llama_dir=lay.llama_dir)
-        rec = builds.records.get(builds.current_name or "", {})
-        if not rec:
-            return "llama.cpp: none", "llama.cpp: not built", llama_logic.UNIT
-        return (
-            f"llama.cpp {rec.get('tag')}",
-            f"llama.cpp {rec.get('tag')} ({str(rec.get('commit'))[:9]}, {rec.get('describe')})",
-            llama_logic.UNIT,
-        )
-    return None, None, None
+    """The host's node class, and its engine where that is not the class's own."""
+    cls = registry.node_class_of(host.groups)
+    engine = registry.engine_of(host.groups)
+    if cls is None:
+        return None
+    return cls.name if engine is None or engine.name == cls.engine else f"{cls.name}-{engine.name}"
 
 
 def node_status(host) -> NodeStatus:
     data = host.data.dict()
     st = NodeStatus(host.name, role=_role(host))
-    st.engine, st.engine_detail, unit = _engine(host, st.role, data)
-    if unit:
+    engine = registry.engine_of(host.groups)
+    if engine is not None:
+        st.engine, st.engine_detail = engine.status(host, data)
+        unit = engine.unit
         state = host.get_fact(UnitState, unit=unit)
         st.service, st.enabled = state["active_state"] or "absent", state["enabled"]
         st.port = data["service_port"]
@@ -124,7 +102,10 @@ def status(inventory: str, limit=None) -> list[NodeStatus]:
     with api.session(inventory, limit) as sess:
         results = sess.each(node_status)
         roles = {h.name: _role(h) for h in sess.targets}
-        out = [NodeStatus(n, role=roles.get(n), error=why) for n, why in sess.unreachable.items()]
+        out = [
+            NodeStatus(n, role=roles.get(n), error=why, unreachable=True)
+            for n, why in sess.unreachable.items()
+        ]
         for name, res in results.items():
             out.append(
                 res

@@ -4,12 +4,10 @@ depot on port 2222), validated like the operator's fleet before anything connect
 
 from __future__ import annotations
 
-from servefleet.core.inventory import InventoryHost, stop_on_bad_input, validate_hosts
+from servefleet.fleet.inventory import ROLES, InventoryHost, stop_on_bad_input, validate_hosts
 from servefleet_dev.testbed import hosts
 from servefleet_dev.testbed.image import ADMIN_USER
 from servefleet_dev.testbed.state import known_hosts_path, load_state
-
-ROLES = ("spark", "rtx4090", "depot")
 
 
 def host_data(rec, hub_url: str | None) -> dict:

@@ -7,8 +7,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from servefleet.core.inventory import ROLES  # the one list of roles
 from servefleet.core.paths import cache_subdir
+from servefleet.fleet.inventory import ROLES  # the one list of roles
 from servefleet_dev.testbed.platforms import DEFAULT_ARCH, DEFAULT_RELEASE
 
 

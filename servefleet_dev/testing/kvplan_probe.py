@@ -2,7 +2,7 @@
 
 Runs *inside* the venv holding the real vLLM wheel (servefleet_dev.testing.wheels.vllm_venv), as
 a script; imports nothing from servefleet. tests/unit/test_kvplan_differential.py compares its
-output with servefleet.core.kvplan.plan_kv.
+output with servefleet.engines.vllm.logic.kvplan.plan_kv.
 
     python kvplan_probe.py --seed S --n N [--cases FILE] [--workdir DIR]
 

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from servefleet.core.groupdata import load_group
-from servefleet.core.llamacpp import build_env, flags_hash
 from servefleet.core.paths import cache_subdir
+from servefleet.engines.llamacpp.logic import build_env, flags_hash
 from servefleet_dev.testing import llama_src
 from servefleet_dev.testing.llama_src import RELEASE_TAG, TAG  # noqa: F401
 
@@ -82,7 +82,7 @@ def llama_host_build(jobs: int = 2, tag: str = TAG, mirror: Path | None = None) 
     testbed's, llama_src.testbed_mirror()); builds it into the cache first when missing.
 
     The build is the recipe's own: files/llamacpp/build.sh with the environment
-    servefleet.core.llamacpp.build_env gives it, the testbed's flags and the guests' ccache, so
+    servefleet.engines.llamacpp.logic.build_env gives it, the testbed's flags and the guests' ccache, so
     a source the guests compiled comes out of the cache here, and the other way round.
     A file lock makes concurrent callers (parallel test workers) wait for one build.
     Set SERVEFLEET_LLAMA_SERVER to use an existing binary for the default source instead.

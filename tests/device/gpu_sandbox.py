@@ -6,7 +6,7 @@ tests/device/gpu_sandbox.sh (read its header for the order of the calls); state 
 the node tree in /opt/servefleet as servefleet lays it out; results into $OUT.
 
     check             the kernel pieces the emulation uses, the device table, nvidia-modprobe
-    llama-build       files/llamacpp/build.sh with the environment servefleet.core.llamacpp.
+    llama-build       files/llamacpp/build.sh with the environment servefleet.engines.llamacpp.logic.
                       build_env renders from group_data/rtx4090.py (CMAKE_CUDA_ARCHITECTURES=90),
                       the testbed's b9785 source as a git bundle; in the background
     llama-serve       the GGUF lint's flag, the unit rendered, the `--gpu` preflight as root,
@@ -248,8 +248,8 @@ def cmd_check() -> int:
 
 
 def cmd_llama_build() -> int:
-    from servefleet.core import llamacpp
     from servefleet.core.layout import NodeLayout
+    from servefleet.engines.llamacpp import logic as llamacpp
 
     d = llama_data()
     lay = NodeLayout.of(d)
@@ -288,8 +288,8 @@ def cmd_llama_build() -> int:
 
 
 def cmd_llama_serve() -> int:
-    from servefleet.core import llamacpp
     from servefleet.core.layout import NodeLayout
+    from servefleet.engines.llamacpp import logic as llamacpp
 
     d = llama_data()
     lay = NodeLayout.of(d)
@@ -345,8 +345,8 @@ def cmd_llama_serve() -> int:
 
 
 def cmd_vllm_layout() -> int:
-    from servefleet.core import vllm
     from servefleet.core.layout import NodeLayout
+    from servefleet.engines.vllm import logic as vllm
 
     d = data("spark")
     lay = NodeLayout.of(d)
@@ -384,8 +384,8 @@ def cmd_vllm_layout() -> int:
 
 
 def cmd_vllm_serve(mdwe: str) -> int:
-    from servefleet.core import vllm
     from servefleet.core.layout import NodeLayout
+    from servefleet.engines.vllm import logic as vllm
 
     d = data(
         "spark",
@@ -428,7 +428,8 @@ OLD_ALLOW = (
 def cmd_probes() -> int:
     """The recipes' own sandbox probes (servefleet.core.{llamacpp,vllm}.probe_argv, GPU node)
     under each unit's sandbox, then under the allow list shipped before (must fail)."""
-    from servefleet.core import llamacpp, vllm
+    from servefleet.engines.llamacpp import logic as llamacpp
+    from servefleet.engines.vllm import logic as vllm
 
     rc = 0
     for engine, argv in (

@@ -21,7 +21,7 @@
 #
 # CMake flags: group_data/rtx4090.py's llamacpp_cmake_flags with CMAKE_CUDA_ARCHITECTURES=90
 # (tests/device/llama_probe.py cmake-args); target llama-server only, -j16. Serve: the argv of
-# servefleet.core.llamacpp.unit_context for group_data all + rtx4090 + testbed_rtx4090 with
+# servefleet.engines.llamacpp.logic.unit_context for group_data all + rtx4090 + testbed_rtx4090 with
 # llamacpp_server_args ["-ngl", "99"], rendered with /root/sfsite (pyinfra + gguf wheels from the
 # vLLM probe's payload) when it is installed; without it, assembled the same way and the flag
 # from the dev machine's lint (the summary says which).
@@ -67,7 +67,7 @@ start_build() {
         nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader
     fi
     # The recipe compiles through ccache (llamacpp_ccache) when the node has it.
-    # (servefleet.core.llamacpp.launcher_args: C, CXX and, with CUDA on, CUDA.)
+    # (servefleet.engines.llamacpp.logic.launcher_args: C, CXX and, with CUDA on, CUDA.)
     if command -v ccache >/dev/null; then
         launcher="-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
         [ "${LLAMA_CPU_REHEARSAL:-0}" = 1 ] || launcher="$launcher -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"

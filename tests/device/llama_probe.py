@@ -6,12 +6,12 @@
                                               and with --override-kv, health.py's argv
 
 cmake-args: group_data/rtx4090.py's llamacpp_cmake_flags (the RTX 4090 recipe, CUDA on) with
-CMAKE_CUDA_ARCHITECTURES=90 for the H200, joined as servefleet.operations.llamacpp.build joins
+CMAKE_CUDA_ARCHITECTURES=90 for the H200, joined as servefleet.engines.llamacpp.operations.build joins
 them (`-D{k}={v}`, sorted).
 
 render: data = group_data all + rtx4090 + testbed_rtx4090 (the tiny field GGUF, its name and
 alias) with llamacpp_server_args = ["-ngl", "99"] (every layer on the GPU; the testbed's CPU
-build has none); the argv is servefleet.core.llamacpp.unit_context's ExecStart with the node's
+build has none); the argv is servefleet.engines.llamacpp.logic.unit_context's ExecStart with the node's
 binary path replaced by BINARY; the flag is the project's GGUF lint
 (servefleet/core/lint/gguf_lint.py, run as on the node); health.py's argv is
 servefleet.operations.health.argv with the recipe's gate arguments. Those modules import pyinfra
@@ -89,8 +89,8 @@ def cmd_render(model_dir: str, binary: str, project: bool) -> int:
     }
     if project:
         os.chdir(REPO)
-        from servefleet.core import llamacpp as logic
         from servefleet.core.layout import NodeLayout, api_url
+        from servefleet.engines.llamacpp import logic
         from servefleet.operations import health as health_ops
 
         flag, how = lint_flag(gguf)
@@ -121,7 +121,9 @@ def cmd_render(model_dir: str, binary: str, project: bool) -> int:
             settle_s=data["health_settle_s"],
             expect_stopped=data["service_state"] != "running",
         )
-        out["rendered_by"] = "servefleet.core.llamacpp.unit_context + operations.health.argv"
+        out["rendered_by"] = (
+            "servefleet.engines.llamacpp.logic.unit_context + operations.health.argv"
+        )
     else:
         flag = KNOWN_FLAG
         out["flag"], out["flag_source"] = flag, "dev machine's lint output (no gguf here)"

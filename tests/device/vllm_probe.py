@@ -25,7 +25,7 @@ while the machine is held:
     status         what is staged / installed / running
 
 Rendering imports servefleet from this checkout. servefleet.core.systemd (used by
-servefleet.core.vllm) and servefleet.operations.health import pyinfra at module level, and the
+servefleet.engines.vllm.logic) and servefleet.operations.health import pyinfra at module level, and the
 GPU image has no pyinfra: the payload carries the real wheels of pyinfra 3.10.0 and its
 dependencies (the versions of the project's venv) and `render` runs in its own process with
 only those on its path, so the project's code runs unmodified. One substitution: health.argv
@@ -325,7 +325,7 @@ def cmd_install(args) -> int:
     if record["versions"]["vllm"] != VLLM_VERSION:
         raise SystemExit(f"vllm {record['versions']['vllm']} imported, not {VLLM_VERSION}")
 
-    # 3. The recorded patch (servefleet.operations.vllm_patch.recorded_patch), applied by the
+    # 3. The recorded patch (servefleet.engines.vllm.operations.patch.recorded_patch), applied by the
     #    node-side applier with the same argv the operation runs on a node.
     res = run(
         [PY, str(Path(__file__).resolve()), "patch-info"], env=site_env(SFSITE, REPO), cwd=REPO
@@ -415,7 +415,7 @@ def cmd_install(args) -> int:
 
 def cmd_patch_info(args) -> int:
     """(sfsite + repo on the path, cwd = repo) the patch servefleet records for VLLM_VERSION."""
-    from servefleet.operations import vllm_patch
+    from servefleet.engines.vllm.operations import patch as vllm_patch
 
     rec = vllm_patch.recorded_patch(VLLM_VERSION)
     if rec is None:
@@ -480,9 +480,10 @@ def unit_env(entries: list[str]) -> dict:
 
 def cmd_render(args) -> int:
     os.chdir(REPO)  # pyinfra resolves files/ and group_data/ against the project
-    from servefleet.core import kvplan, vllm as logic
     from servefleet.core.groupdata import load_group
     from servefleet.core.layout import NodeLayout, api_url
+    from servefleet.engines.vllm import logic
+    from servefleet.engines.vllm.logic import kvplan
     from servefleet.operations import health as health_ops
 
     data: dict = {}
@@ -512,7 +513,7 @@ def cmd_render(args) -> int:
     ctx = logic.unit_context(data, model)
     env = unit_env(ctx["environment"])
 
-    # The recipe's health gate (servefleet.recipes.vllm.gate_args -> operations.health.argv).
+    # The recipe's health gate (servefleet.engines.vllm.steps.gate_args -> operations.health.argv).
     # read_json_on_node reads the node's config.json through a pyinfra fact; this is the node.
     health_ops.read_json_on_node = lambda path, user=None: json.loads(Path(path).read_text())
     python = data["python_interpreter"]["ubuntu"]
@@ -728,7 +729,7 @@ def cmd_serve(args) -> int:
         "argv_note": (
             "the unit's executable (the venv's `vllm`; on testbed data the engine "
             "stand-in) is here python3 -m vllm.entrypoints.cli.main, the real wheel's "
-            "console-script entry point; then servefleet.core.vllm.serve_args as "
+            "console-script entry point; then servefleet.engines.vllm.logic.serve_args as "
             "rendered, then the probe-only arguments"
         ),
         "engine_override": os.environ.get("SF_PROBE_ENGINE"),

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from servefleet.core import llamacpp
-from servefleet.operations.vllm_patch import recorded_patch
+from servefleet.engines.llamacpp import logic as llamacpp
+from servefleet.engines.vllm.operations.patch import recorded_patch
 from servefleet_dev.testbed import guest, hosts as tb_hosts, material
 from servefleet_dev.testbed.state import load_state
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra

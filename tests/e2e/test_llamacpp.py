@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from servefleet.core import llamacpp
+from servefleet.engines.llamacpp import logic as llamacpp
 from servefleet_dev.testbed import material
 from servefleet_dev.testbed.state import load_state
 from servefleet_dev.testing.pyinfra_cli import pyinfra, reads_of_a_noop

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from servefleet.operations.vllm_patch import recorded_patch
+from servefleet.engines.vllm.operations.patch import recorded_patch
 from servefleet_dev.testbed import guest, hosts as tb_hosts, material
 from servefleet_dev.testbed.state import load_state
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra, reads_of_a_noop
@@ -346,7 +346,7 @@ def test_patch_refusal_fails_only_that_host(bf16, th):
             "--limit",
             other,
             "inventory/testbed.py",
-            "servefleet.operations.vllm_patch.apply",
+            "servefleet.engines.vllm.operations.patch.apply",
             f"venv={venv}",
             "workdir=/opt/servefleet/bin",
         ],

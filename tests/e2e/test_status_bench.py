@@ -85,7 +85,7 @@ def test_bench_measures_a_key_protected_node(keyed, host, th):
     assert node["prompt_tokens"] >= 256
     # A testbed host is no GB10 nor RTX 4090: no roofline figure, and the report says why.
     assert node["roofline_tok_s"] is None and node["roofline_ratio"] is None
-    stand_in = "the vLLM stand-in" if host == SPARK else "served on the CPU"
+    stand_in = "the engine stand-in" if host == SPARK else "served on the CPU"
     assert node["roofline_note"].startswith(f"testbed: {stand_in}"), node
 
 

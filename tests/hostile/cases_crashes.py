@@ -1,7 +1,7 @@
 """Inputs that used to crash (a traceback), hang (a FIFO) or read without end (/dev/zero)
 instead of ending in one line: every file the operator names is a regular file, read with a
 bound (servefleet/core/operator_files.py); fleet.yml keys are strings and its nesting is
-bounded (servefleet/core/inventory.py); the fleet key is checked when the data is.
+bounded (servefleet/fleet/inventory.py); the fleet key is checked when the data is.
 
 Each case runs under a deadline, and checks that the directory it works in is unchanged (the
 FIFO still a FIFO, no file written, no fleet key generated).
@@ -13,8 +13,8 @@ import os
 import stat
 from pathlib import Path
 
-from servefleet.core.data import HostData, Layer, validate
 from servefleet.core.errors import DataError
+from servefleet.fleet.data import HostData, Layer, validate
 from servefleet_dev.testbed.material import load
 from tests.hostile.cases_fleet import child_refusal
 from tests.hostile.cases_gguf import _deadline, scratch

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from servefleet.core import vllm
-from servefleet.core.data import HostData, Layer, validate
 from servefleet.core.errors import DataError
 from servefleet.core.systemd import render_unit
+from servefleet.engines.vllm import logic as vllm
+from servefleet.fleet.data import HostData, Layer, validate
 from servefleet_dev.testbed.material import load
 from tests.hostile.table import harmless, refused
 

@@ -1,5 +1,5 @@
 """Malformed operator fleet files (inventory/fleet.yml) fed to
-servefleet.core.inventory.load_fleet(path).
+servefleet.fleet.inventory.load_fleet(path).
 
 A refusal is a FleetError (a DataError) with one line "file: where: problem", raised within
 seconds and without eating memory: the two cases that could hang or exhaust memory (a YAML alias
@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from servefleet.core import host_keys
-from servefleet.core.inventory import FleetError, load_fleet
+from servefleet.fleet.inventory import FleetError, load_fleet
 from tests.hostile.cases_gguf import scratch
 from tests.hostile.table import harmless, refused
 
@@ -48,7 +48,7 @@ hosts:
 
 def load(content: str | bytes):
     """load_fleet() on a fleet.yml holding content: (hosts, None) or (None, the error line)."""
-    from servefleet.core.inventory import FleetError, load_fleet
+    from servefleet.fleet.inventory import FleetError, load_fleet
 
     with scratch() as tmp:
         path = tmp / "fleet.yml"
@@ -80,7 +80,7 @@ def case(name, expected, content):
 
 _CHILD = """
 import json, sys, traceback
-from servefleet.core.inventory import FleetError, load_fleet
+from servefleet.fleet.inventory import FleetError, load_fleet
 try:
     load_fleet(sys.argv[1])
     print(json.dumps({"accepted": True}))

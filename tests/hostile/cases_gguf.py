@@ -20,7 +20,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from servefleet.core.llamacpp import parse_lint
+from servefleet.engines.llamacpp.logic import parse_lint
 from tests.hostile.table import harmless, refused
 
 CATEGORY = "GGUF files"

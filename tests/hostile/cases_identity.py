@@ -16,9 +16,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from servefleet.core import llamacpp, vllm
 from servefleet.core.node import account_problem, parse_account
 from servefleet.core.systemd import render_unit
+from servefleet.engines.llamacpp import logic as llamacpp
+from servefleet.engines.vllm import logic as vllm
 from servefleet.facts import batch
 from servefleet.facts.node import Account
 from servefleet_dev.testbed.material import load

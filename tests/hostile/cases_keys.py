@@ -11,9 +11,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from servefleet.core import fleetkey
-from servefleet.core.data import HostData, Layer, validate
 from servefleet.core.errors import DataError
 from servefleet.core.models import operator_token
+from servefleet.fleet.data import HostData, Layer, validate
 from servefleet_dev.testbed.material import load
 from tests.hostile.table import harmless, refused
 

@@ -19,8 +19,8 @@ import tempfile
 
 from servefleet.core import drift_items, records
 from servefleet.core.layout import NodeLayout
-from servefleet.core.llamacpp import parse_builds
 from servefleet.core.releases import Releases
+from servefleet.engines.llamacpp.logic import parse_builds
 from servefleet.facts.releases import NodeReleases, RolloutMarkerFact, RunningRelease
 from servefleet.verbs.healthgate import gate_problem
 from tests.hostile.table import harmless, refused
@@ -234,9 +234,9 @@ def _cases():
         ),
         R(
             CATEGORY,
-            "an engine servefleet does not have",
-            "'engine' is not one of",
-            unreadable_releases(releases_text(engine="sh")),
+            "an engine that is no engine's name",
+            "'engine' is not an engine's name",
+            unreadable_releases(releases_text(engine="sh -c id")),
         ),
         R(
             CATEGORY,

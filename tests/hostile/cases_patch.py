@@ -65,7 +65,7 @@ def op(name: str, venv: Path, work: Path) -> subprocess.CompletedProcess:
     (work / "bin").mkdir(exist_ok=True)
     args = [f"venv={venv}"] + ([f"workdir={work / 'bin'}"] if name == "apply" else [])
     return subprocess.run(
-        [PYINFRA, "@local", f"servefleet.operations.vllm_patch.{name}", *args, "-y"],
+        [PYINFRA, "@local", f"servefleet.engines.vllm.operations.patch.{name}", *args, "-y"],
         cwd=REPO,
         capture_output=True,
         text=True,

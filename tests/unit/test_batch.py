@@ -13,7 +13,7 @@ from pyinfra.api import FactBase
 from servefleet.core.batch import split_batch
 from servefleet.facts import batch
 from servefleet.facts.node import Account, CpuArch, DirEntries, InstalledDebs, OsRelease, PathStat
-from servefleet.facts.vllm import DistVersions
+from servefleet.facts.pyenv import DistVersions
 
 
 class Printf(FactBase):

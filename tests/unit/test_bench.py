@@ -223,8 +223,8 @@ def test_a_testbed_host_has_no_roofline_ratio_and_the_row_says_why(fleet):
     rows = {line.split()[0]: line for line in out.splitlines()[2:4]}
     assert "9.92" not in rows["spark-1"] and "n/a (below)" in rows["spark-1"], out
     assert rows["spark-2"].split()[4:6] == ["45.5", "9.92"]  # a real Spark: the ratio stands
-    assert "spark-1: no roofline ratio: testbed: the vLLM stand-in" in out
+    assert "spark-1: no roofline ratio: testbed: the engine stand-in" in out
     doc = json.loads(run("--json")[1])
     node = doc["hosts"]["spark-1"]
     assert node["roofline_tok_s"] is None and node["roofline_ratio"] is None
-    assert node["roofline_note"].startswith("testbed: the vLLM stand-in")
+    assert node["roofline_note"].startswith("testbed: the engine stand-in")

@@ -89,7 +89,7 @@ def test_a_typo_in_the_deploy_path_is_one_line_and_exit_2(fleet):
 @pytest.mark.parametrize(
     "path,expected",
     [
-        ("inventory/fleet.yml", "expected a Python inventory such as inventory/spark.py"),
+        ("inventory/fleet.yml", "expected a Python inventory such as inventory/fleet.py"),
         ("deploys/base.py", "could not be loaded"),  # arguments swapped: a deploy as inventory
     ],
 )

@@ -3,17 +3,17 @@
 import os
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from servefleet.core import drift_items as di, llamacpp, vllm
+from servefleet.core import drift_items as di
 from servefleet.core.layout import NodeLayout
-from servefleet.core.llamacpp import Builds
 from servefleet.core.models import invalid_record_reason
+from servefleet.engines.llamacpp import logic as llamacpp, steps as llama_recipe
+from servefleet.engines.llamacpp.logic import Builds
+from servefleet.engines.vllm import logic as vllm, readers as vllm_readers, steps as vllm_recipe
+from servefleet.engines.vllm.operations.patch import recorded_patch
 from servefleet.facts.models import ModelRecordFiles
-from servefleet.operations.vllm_patch import recorded_patch
-from servefleet.recipes import llamacpp as llama_recipe, vllm as vllm_recipe
 from servefleet.recipes.service import render_unit
 from servefleet.verbs import deep_drift as dc
 from servefleet_dev.testbed.material import load
@@ -111,33 +111,37 @@ def test_versions_against_pins():
 
 def test_patch_items_name_each_hash():
     rec, new = recorded_patch("0.24.0"), recorded_patch("0.26.0")
-    known = dc.known_hashes()
-    ok = dc.patch_items("0.24.0", True, "/q.py", rec.patched_sha256, rec.pristine_sha256, known)
+    known = vllm_readers.known_hashes()
+    ok = vllm_readers.patch_items(
+        "0.24.0", True, "/q.py", rec.patched_sha256, rec.pristine_sha256, known
+    )
     assert set(states(ok).values()) == {"in_sync"}
     assert ok[0].expected == f"{rec.patched_sha256} (patched for vLLM 0.24.0)"
 
-    reverted = dc.patch_items("0.24.0", True, "/q.py", rec.pristine_sha256, None, known)
+    reverted = vllm_readers.patch_items("0.24.0", True, "/q.py", rec.pristine_sha256, None, known)
     assert [i.state for i in reverted] == ["drifted", "drifted"]
     assert reverted[0].found == f"{rec.pristine_sha256} (vLLM 0.24.0's own file)"
     assert reverted[1].found == "absent"
 
-    upgraded = dc.patch_items(
+    upgraded = vllm_readers.patch_items(
         "0.24.0", True, "/q.py", new.pristine_sha256, rec.pristine_sha256, known
     )
     assert upgraded[0].found == f"{new.pristine_sha256} (vLLM 0.26.0's own file)"
     assert upgraded[1].state == "in_sync"
 
-    bogus = dc.patch_items("0.24.0", True, "/q.py", rec.patched_sha256, "f" * 64, known)
+    bogus = vllm_readers.patch_items("0.24.0", True, "/q.py", rec.patched_sha256, "f" * 64, known)
     assert bogus[1].state == "drifted" and bogus[1].found == f"{'f' * 64} (unknown content)"
 
-    unpatched = dc.patch_items("0.24.0", False, "/q.py", rec.pristine_sha256, None, known)
+    unpatched = vllm_readers.patch_items("0.24.0", False, "/q.py", rec.pristine_sha256, None, known)
     assert set(states(unpatched).values()) == {"in_sync"}
-    stale = dc.patch_items("0.24.0", False, "/q.py", rec.patched_sha256, rec.pristine_sha256, known)
+    stale = vllm_readers.patch_items(
+        "0.24.0", False, "/q.py", rec.patched_sha256, rec.pristine_sha256, known
+    )
     assert [i.state for i in stale] == ["drifted", "drifted"]
 
-    (gone,) = dc.patch_items("0.24.0", True, None, None, None, known)
+    (gone,) = vllm_readers.patch_items("0.24.0", True, None, None, None, known)
     assert gone.state == "drifted" and "no qwen3_5.py in the venv" in gone.found
-    (unrecorded,) = dc.patch_items("0.99.0", True, "/q.py", "a" * 64, None, known)
+    (unrecorded,) = vllm_readers.patch_items("0.99.0", True, "/q.py", "a" * 64, None, known)
     assert unrecorded.state == "drifted" and "0.24.0" in unrecorded.found
 
 
@@ -214,12 +218,12 @@ def test_build_items():
     name = llamacpp.build_name(RTX)
     root = f"{RTX['servefleet_root']}/llama.cpp"
     record = {"commit": RTX["llamacpp_commit"], "cmake_flags": dict(RTX["llamacpp_cmake_flags"])}
-    ok = di.build_items(RTX, Builds({name: record}, f"{root}/{name}"))
+    ok = llamacpp.build_items(RTX, Builds({name: record}, f"{root}/{name}"))
     assert set(states(ok).values()) == {"in_sync"}
 
     flags = {**RTX["llamacpp_cmake_flags"], "LLAMA_TOOLS_INSTALL": "OFF"}
     wanted = {**RTX, "llamacpp_cmake_flags": flags}
-    by = {i.name: i for i in di.build_items(wanted, Builds({name: record}, f"{root}/{name}"))}
+    by = {i.name: i for i in llamacpp.build_items(wanted, Builds({name: record}, f"{root}/{name}"))}
     assert by["llama.cpp current build"].state == "drifted"
     assert by["llama.cpp commit"].state == "in_sync"
     assert (by["llama.cpp CMake flags"].expected, by["llama.cpp CMake flags"].found) == (
@@ -228,10 +232,10 @@ def test_build_items():
     )
 
     old = {**record, "commit": "c" * 40}
-    by = {i.name: i for i in di.build_items(RTX, Builds({name: old}, f"{root}/{name}"))}
+    by = {i.name: i for i in llamacpp.build_items(RTX, Builds({name: old}, f"{root}/{name}"))}
     assert by["llama.cpp commit"].state == "drifted" and by["llama.cpp commit"].found == "c" * 40
 
-    none = di.build_items(RTX, Builds())
+    none = llamacpp.build_items(RTX, Builds())
     assert [i.found for i in none] == ["no `current` link", "no build", "no build"]
 
 
@@ -251,16 +255,15 @@ def test_service_items():
     assert di.service_items("u", "stopped", True, False, False)[1].found == "disabled"
 
 
-def test_recipe_loaded_reads_the_plan_of_this_host():
-    class Host:  # hashable, as pyinfra's hosts are
-        state = None
+def test_deep_items_follow_the_hosts_engine_not_an_operation_name():
+    """The deploy names its engine, the host's groups name the host's: a serving deploy's deep
+    items run on its engine's hosts only, whatever its operations are called."""
 
-    mine, other = Host(), Host()
-    meta = {
-        "h1": SimpleNamespace(names={"vLLM service | Service | Unit servefleet-vllm.service"}),
-        "h2": SimpleNamespace(names={"Base | Unit servefleet-vllm.service.d"}),
-    }
-    Host.state = SimpleNamespace(ops={mine: {"h1": None}, other: {"h2": None}}, op_meta=meta)
-    assert dc.recipe_loaded(mine, vllm.UNIT)
-    assert not dc.recipe_loaded(mine, llamacpp.UNIT)
-    assert not dc.recipe_loaded(other, vllm.UNIT)
+    class Host:
+        def __init__(self, groups):
+            self.groups = groups
+
+    assert dc.deep_items(Host(["rtx4090"]), "serve_bf16") == []
+    assert dc.deep_items(Host(["spark", "llamacpp"]), "serve_bf16") == []
+    assert dc.deep_items(Host(["spark"]), "base") == []
+    assert dc.deep_items(Host(["depot"]), "serve_q4_llamacpp") == []

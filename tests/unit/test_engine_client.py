@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from servefleet.core.releases import Releases
 from servefleet.recipes import serving
 from servefleet.verbs import bench
 
@@ -114,7 +115,12 @@ def test_the_bench_ships_the_reader_beside_itself_and_gives_it_a_deadline(monkey
         "service_port": 8000,
         "python_interpreter": "python3",
     }
-    host = SimpleNamespace(name="n1", state=None, data=SimpleNamespace(dict=lambda: data))
+    host = SimpleNamespace(
+        name="n1",
+        state=None,
+        data=SimpleNamespace(dict=lambda: data),
+        get_fact=lambda cls, **kw: Releases(),  # no release recorded: no cgroup to read
+    )
     monkeypatch.setattr(bench, "python", lambda: "python3")
     res = bench.bench_host(host, 1, 16, 8)
     assert res.ok and res.median_decode_tok_s == 50.0, res

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.core import llamacpp, sandbox, vllm
+from servefleet.core import sandbox
 from servefleet.core.systemd import render_unit
+from servefleet.engines.llamacpp import logic as llamacpp
+from servefleet.engines.vllm import logic as vllm
 from servefleet_dev.testbed.material import load as group_data
 from servefleet_dev.testing.sandbox_model import (
     CUDA_NODE,
@@ -162,7 +164,7 @@ def test_the_probe_runs_under_exactly_the_units_sandbox(rendered, engine):
         )
     else:
         ctx, argv = llamacpp.unit_context(rtx, model, lambda: None), llamacpp.probe_argv(rtx)
-        assert argv == ["/bin/sh", "-c", sandbox.NVIDIA_SMI_PROBE]
+        assert argv == ["/bin/sh", "-c", llamacpp.NVIDIA_SMI_PROBE]
     script = sandbox.probe_script(
         f"servefleet-{'vllm' if engine == 'vllm' else 'llama'}.service",
         ctx["service_user"],

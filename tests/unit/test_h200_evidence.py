@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.core import sandbox, vllm
 from servefleet.core.systemd import render_unit
+from servefleet.engines.llamacpp import logic as llamacpp
+from servefleet.engines.vllm import logic as vllm
 from servefleet_dev.testing.h200_since import as_run_on_the_h200
 from servefleet_dev.testing.sandbox_model import DeviceTable, problems
 
@@ -113,4 +114,4 @@ def test_the_probes_passed_under_the_units_and_failed_under_the_old_allow_list()
     assert "NOT as expected" not in steps
     assert "No CUDA GPUs are available" in steps
     assert "nvidia-smi reports no usable GPU: No devices were found" in steps
-    assert sandbox.NVIDIA_SMI_PROBE in steps  # the probe the recipe runs, as it runs it
+    assert llamacpp.NVIDIA_SMI_PROBE in steps  # the probe the recipe runs, as it runs it

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.core import llamacpp, sandbox
+from servefleet.core import sandbox
 from servefleet.core.groupdata import load_group
 from servefleet.core.systemd import render_unit
+from servefleet.engines.llamacpp import logic as llamacpp
 from servefleet_dev.testbed import gpunode, hosts
 from servefleet_dev.testing.h200_since import as_run_on_the_h200
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.core.inventory import FleetError, fleet_groups, load_fleet
+from servefleet.fleet.inventory import FleetError, fleet_groups, load_fleet
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))

@@ -283,7 +283,7 @@ def test_a_depot_without_a_pinned_key_stops_the_run_with_one_line(tmp_path, entr
     message = str(err.value)
     assert "\n" not in message and reason in message, message
     assert message.startswith(
-        "invalid data for host spark-1: depot depot-1 has no pinned SSH host key"
+        "invalid data for host spark-1: depot_host depot-1 has no pinned SSH host key"
     )
     assert "set ssh_known_hosts_file to a file holding its key for [10.77.0.5]:2222" in message
     assert "ssh_strict_host_key_checking: yes" in message

@@ -1,6 +1,6 @@
 """plan-kv reproduces vLLM 0.24.0's KV-cache sizing for hybrid models.
 
-Expected values are worked out by hand from vLLM's code (see servefleet/core/kvplan.py for the
+Expected values are worked out by hand from vLLM's code (see servefleet/engines/vllm/logic/kvplan.py for the
 functions); each test shows its arithmetic. Shorthand: GiB = 2**30; cdiv = ceiling division.
 
 The published model (agentworld-config.json), used as the base of most tests:
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from servefleet import cli
-from servefleet.core.kvplan import GiB, format_gib, load_config, plan_kv
+from servefleet.engines.vllm.logic.kvplan import GiB, format_gib, load_config, plan_kv
 
 # Qwen-AgentWorld-35B-A3B's config.json, the fields vLLM's KV sizing reads (the full file is
 # tests/fixtures/agentworld-config.json).
@@ -394,7 +394,7 @@ def test_cli_budget_defaults_to_spark(run_cli, checkpoint):
 
 
 def test_byte_counts_accept_units():
-    from servefleet.cli.plan_kv import parse_bytes
+    from servefleet.engines.vllm.cli.plan_kv import parse_bytes
 
     assert parse_bytes("8589934592") == parse_bytes("8GiB") == 8 * GiB
     assert parse_bytes("8G") == 8 * GiB  # binary, with or without "i" (core.sizes)

@@ -2,7 +2,7 @@
 
 servefleet_dev/testing/kvplan_probe.py runs inside the cached venv holding the real vllm 0.24.0
 wheel (the one tests/unit/test_vllm_loader.py uses) and sizes each config with vLLM's own
-config objects and functions; this test runs servefleet.core.kvplan.plan_kv on the same configs
+config objects and functions; this test runs servefleet.engines.vllm.logic.kvplan.plan_kv on the same configs
 and compares every field plan-kv reports that vLLM also determines.
 
 The seed comes from SERVEFLEET_KVPLAN_SEED, or is random; it is printed and in every failure
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.core.kvplan import (
+from servefleet.engines.vllm.logic.kvplan import (
     GiB,
     attention_block_size,
     attn_bytes_per_token,

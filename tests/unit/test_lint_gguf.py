@@ -29,7 +29,7 @@ from servefleet_dev.testing.tiny_models import (
     build_tiny_gguf,
 )
 
-# The file the llama.cpp recipe uploads to a node (servefleet/recipes/llamacpp.py LINT_SOURCE).
+# The file the llama.cpp recipe uploads to a node (servefleet/engines/llamacpp/steps.py LINT_SOURCE).
 GGUF_LINT_SCRIPT = Path(_gguf_lint_module.__file__)
 GGUF_HEADER_SCRIPT = GGUF_LINT_SCRIPT.with_name("gguf_header.py")
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.core import llamacpp, llamacpp as ops
-from servefleet.core.data import HostData, Layer, validate
 from servefleet.core.errors import DataError
 from servefleet.core.lint import gguf_lint
 from servefleet.core.systemd import render_unit
-from servefleet.facts.llamacpp import GgufLint, LlamaBuilds
+from servefleet.engines.llamacpp import logic as llamacpp, logic as ops
+from servefleet.engines.llamacpp.facts import GgufLint, LlamaBuilds
+from servefleet.fleet.data import HostData, Layer, validate
 from servefleet_dev.testbed.material import load as group_data
 
 ROOT = Path(__file__).resolve().parents[2]

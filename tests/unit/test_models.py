@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.core import contract, fleetkey, models
-from servefleet.core.data import HostData, Layer, validate
+from servefleet.core import fleetkey, models
 from servefleet.core.errors import DataError
 from servefleet.facts.models import ModelRecordFiles
+from servefleet.fleet import contract
+from servefleet.fleet.data import HostData, Layer, validate
 from servefleet_dev import hub
 from servefleet_dev.testbed.material import load as group_data
 from servefleet_dev.testing.tiny_models import build_tiny_checkpoint

@@ -7,9 +7,9 @@ import pytest
 from pyinfra.api import Inventory
 
 from servefleet import cli
-from servefleet.core.data import HostData, Layer, serving_digest, settle, validate
 from servefleet.core.errors import DataError
 from servefleet.core.sizes import SizeError, parse_size
+from servefleet.fleet.data import HostData, Layer, serving_digest, settle, validate
 from servefleet_dev.testbed.material import load
 
 GiB, MiB = 1 << 30, 1 << 20

@@ -17,13 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.core import kvplan, vllm
-from servefleet.core.data import HostData, Layer, validate
+from servefleet.core import python_env
 from servefleet.core.errors import DataError
 from servefleet.core.layout import NodeLayout
 from servefleet.core.systemd import exec_line
-from servefleet.facts.vllm import DistVersions, SafetensorsBytes, TorchCuda
-from servefleet.recipes import serving, vllm as recipe
+from servefleet.engines.vllm import logic as vllm, steps as recipe
+from servefleet.engines.vllm.facts import SafetensorsBytes
+from servefleet.engines.vllm.logic import kvplan
+from servefleet.facts.pyenv import DistVersions, TorchCuda
+from servefleet.fleet.data import HostData, Layer, validate
+from servefleet.recipes import serving
 from servefleet.recipes.service import render_unit as render_template
 from servefleet_dev.testing.tiny_models import AGENTWORLD_CONFIG, build_tiny_checkpoint
 
@@ -103,30 +106,31 @@ VENV = "/opt/servefleet/venvs/vllm-0.24.0"
 
 def test_versions_as_pinned_pass():
     found = {"torch": "2.11.0", "vllm": "0.24.0"}
-    assert vllm.versions_match(found, PINS)
-    assert vllm.version_problems(found, PINS, "13.0", "13.0", VENV) == []
+    assert python_env.versions_match(found, PINS)
+    assert python_env.version_problems(found, PINS, "13.0", "13.0", VENV) == []
     # A local label (the PyTorch index's 2.11.0+cu130) satisfies the pin, as pip says.
     assert (
-        vllm.version_problems({**found, "torch": "2.11.0+cu130"}, PINS, "13.0", "13.0", VENV) == []
+        python_env.version_problems({**found, "torch": "2.11.0+cu130"}, PINS, "13.0", "13.0", VENV)
+        == []
     )
 
 
 def test_version_mismatch_names_both_values():
-    problems = vllm.version_problems(
+    problems = python_env.version_problems(
         {"torch": "2.10.0", "vllm": "0.24.0"}, PINS, "13.0", "13.0", VENV
     )
     assert problems == [f"torch 2.10.0 is installed in {VENV}, the pin is torch==2.11.0"]
-    assert not vllm.versions_match({"torch": "2.10.0", "vllm": "0.24.0"}, PINS)
-    problems = vllm.version_problems({"torch": "2.11.0"}, PINS, "13.0", "13.0", VENV)
+    assert not python_env.versions_match({"torch": "2.10.0", "vllm": "0.24.0"}, PINS)
+    problems = python_env.version_problems({"torch": "2.11.0"}, PINS, "13.0", "13.0", VENV)
     assert problems == [f"vllm is not installed in {VENV} (pinned vllm==0.24.0)"]
 
 
 def test_cuda_mismatch_names_both_values():
-    problems = vllm.version_problems(PINS, PINS, "12.8", "13.0", VENV)
+    problems = python_env.version_problems(PINS, PINS, "12.8", "13.0", VENV)
     assert len(problems) == 1
     assert "torch.version.cuda is 12.8" in problems[0] and "needs CUDA 13.0" in problems[0]
     assert "cu130" in problems[0]
-    cpu = vllm.version_problems(PINS, PINS, "", "13.0", VENV)
+    cpu = python_env.version_problems(PINS, PINS, "", "13.0", VENV)
     assert "None (a CPU build)" in cpu[0]
 
 
@@ -295,7 +299,7 @@ def test_auto_sized_pool_is_planned_from_what_is_left(spark):
 
 def run_op(op: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PYINFRA, "@local", f"servefleet.operations.vllm_preflight.{op}", *args, "-y"],
+        [PYINFRA, "@local", f"servefleet.engines.vllm.operations.preflight.{op}", *args, "-y"],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from servefleet.cli import drift as drift_cli, rollout as rollout_cli, status as status_cli
-from servefleet.cli.knobs import SECTIONS, rows
+from servefleet.cli.knobs import rows, sections
 from servefleet.core.drift_items import DRIFTED, Item
 from servefleet.verbs.drift import HostReport, Report
 from servefleet.verbs.rollout_report import HostRollout, RolloutReport
@@ -113,7 +113,7 @@ def test_knobs_keeps_every_meaning_whole_at_80_columns():
     assert proc.returncode == 0, proc.stderr
     assert fits(proc.stdout) and "…" not in proc.stdout, proc.stdout
     flat = " ".join(proc.stdout.split())
-    for group, _ in SECTIONS:
+    for group, _ in sections():
         for key, _, _, doc in rows(group):
             assert f"{key} {' '.join(doc.split())}" in flat, key
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import servefleet_dev.testing
-from servefleet.operations.vllm_patch import recorded_patch
+from servefleet.engines.vllm.operations.patch import recorded_patch
 from servefleet_dev.testing.wheels import cache_lock, vllm_venv
 
 VERSION = "0.24.0"  # 0.26.0 does not construct on CPU: its activations need CUDA-only ops
@@ -46,7 +46,7 @@ def vllm_patch(op: str, venv: Path, cwd: Path) -> None:
     # applier and the patch into a root-owned work directory (servefleet's bin/ on a node).
     args = [f"venv={venv}"] + ([f"workdir={cwd}"] if op == "apply" else [])
     done = subprocess.run(
-        [PYINFRA, "@local", f"servefleet.operations.vllm_patch.{op}", *args, "-y"],
+        [PYINFRA, "@local", f"servefleet.engines.vllm.operations.patch.{op}", *args, "-y"],
         cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,

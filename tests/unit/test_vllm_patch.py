@@ -1,4 +1,4 @@
-"""servefleet.operations.vllm_patch on the real qwen3_5.py of vLLM 0.24.0 and 0.26.0.
+"""servefleet.engines.vllm.operations.patch on the real qwen3_5.py of vLLM 0.24.0 and 0.26.0.
 
 Each test builds a fake venv from the real wheel (the file, and the real METADATA) and
 drives the operation the way an operator would: `pyinfra @local ... venv=DIR -y`.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.operations.vllm_patch import PATCH_ROOT, recorded_patch
+from servefleet.engines.vllm.operations.patch import PATCH_ROOT, recorded_patch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 from servefleet_dev.testing.wheels import vllm_wheel, wheel_member  # noqa: E402
@@ -65,7 +65,7 @@ def pyinfra(op: str, venv: Path, cwd: Path, *flags: str) -> subprocess.Completed
         [
             PYINFRA,
             "@local",
-            f"servefleet.operations.vllm_patch.{op}",
+            f"servefleet.engines.vllm.operations.patch.{op}",
             f"venv={venv}",
             *workdir,
             *flags,

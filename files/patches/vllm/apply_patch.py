@@ -1,6 +1,6 @@
 """Apply one unified diff to one file, byte-exact, or change nothing (runs on the node).
 
-Uploaded by servefleet.operations.vllm_patch and run with the node's own venv python,
+Uploaded by servefleet.engines.vllm.operations.patch and run with the node's own venv python,
 so nodes need neither `patch` nor servefleet. Standard library only.
 
     python apply_patch.py TARGET PATCH PRISTINE_SHA256 PATCHED_SHA256

@@ -6,7 +6,7 @@
 # host data turns the GPU off and builds llama.cpp for the CPU, from the testbed's ccache.
 import os
 
-from servefleet.core.inventory import InventoryHost, stop_on_bad_input, validate_hosts
+from servefleet.fleet.inventory import InventoryHost, stop_on_bad_input, validate_hosts
 from servefleet_dev.testbed import gpunode
 
 HERE = os.environ.get("SERVEFLEET_GPUNODE_DIR", "/gpunode")

@@ -23,7 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
-from servefleet.core import llamacpp, sandbox  # noqa: E402
+from servefleet.core import sandbox  # noqa: E402
+from servefleet.engines.llamacpp import logic as llamacpp  # noqa: E402
 from servefleet_dev.testbed import gpunode  # noqa: E402
 from servefleet_dev.testing.pyinfra_cli import pyinfra  # noqa: E402
 

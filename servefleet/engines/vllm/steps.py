@@ -9,7 +9,7 @@
                         (servefleet.core.releases), restarted when what it runs changed
     health()            /health, the engine's KV log lines against plan-kv, one chat, settle
 
-Pure logic (the serve command, the unit's values, the verdicts): servefleet.core.vllm.
+Pure logic (the serve command, the unit's values, the verdicts): servefleet.engines.vllm.logic.
 """
 
 from __future__ import annotations
@@ -20,24 +20,20 @@ from pyinfra import host
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import File
 
-from servefleet.core import vllm as logic
 from servefleet.core.python_env import source_args
+from servefleet.engines.vllm import ENGINE, logic
+from servefleet.engines.vllm.facts import SafetensorsBytes, VllmModelFile, VllmVersion
+from servefleet.engines.vllm.operations import patch as vllm_patch, preflight as vllm_preflight
 from servefleet.facts import batch
 from servefleet.facts.node import MemoryBytes, PathStat
-from servefleet.facts.vllm import (
-    DistVersions,
-    SafetensorsBytes,
-    TorchCuda,
-    VllmModelFile,
-    VllmVersion,
-)
-from servefleet.operations import files, pyenv, vllm_patch, vllm_preflight
+from servefleet.facts.pyenv import DistVersions, TorchCuda
+from servefleet.operations import files, pyenv
 from servefleet.recipes import base, releases, serving
 from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
 from servefleet.recipes.service import ServiceRun, systemd_service
 from servefleet.recipes.steps import Changes, deploy
 
-UNIT_TEMPLATE = "files/vllm/servefleet-vllm.service.j2"
+UNIT_TEMPLATE = logic.TEMPLATE
 EVICT_SCRIPT = "files/pagecache/evict.py"
 
 
@@ -73,7 +69,10 @@ def plan_reads() -> None:
     )
 
 
-base.PLANS["serve_bf16"] = plan_reads
+def begin() -> bool:
+    """deploys/serve_bf16.py's start: data checked, this recipe's reads planned with the base's;
+    False (a visible no-op) on a host of another engine."""
+    return base.begin(ENGINE.deploy, plan=plan_reads)
 
 
 @dataclass
@@ -115,7 +114,7 @@ def python_env() -> PythonEnv:
 
 @deploy("vLLM patch")
 def patch(env: PythonEnv) -> OperationMeta:
-    """The language-model-only patch (servefleet.operations.vllm_patch), or vLLM's own file."""
+    """The language-model-only patch (servefleet.engines.vllm.operations.patch), or vLLM's own file."""
     if host.data.vllm_patch:
         return vllm_patch.apply(
             name="qwen3_5.py: no vision tower with --language-model-only",
@@ -184,7 +183,7 @@ def service(env: PythonEnv, run: ModelRun, depends_on: list[Changes]) -> Service
     context = logic.unit_context(data, run.path)
     probe = logic.probe_argv(data)
     release_of = releases.build(
-        engine=logic.ENGINE,
+        engine=ENGINE,
         version=data["vllm_version"],
         prefix=env.venv,
         unit=logic.UNIT,
@@ -218,6 +217,7 @@ def health(run: ModelRun, svc: ServiceRun):
         "vLLM /health, KV cache log vs plan-kv, one chat completion, settle",
         svc,
         gate_args(run.path),
+        ENGINE,
     )
 
 

@@ -6,7 +6,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from servefleet.core.llamacpp import Builds, Lint, parse_builds, parse_lint, parse_nvcc
+from servefleet.engines.llamacpp.logic import Builds, Lint, parse_builds, parse_lint, parse_nvcc
 
 
 class LlamaBuilds(FactBase[Builds]):

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from numbers import Integral
 
-from servefleet.core.kvmodel import (  # noqa: F401  (re-exported: the model side of the plan)
+from servefleet.engines.vllm.logic.kvmodel import (  # noqa: F401  (re-exported: the model side of the plan)
     DTYPE_BYTES,
     MAX_CONFIG_INT,
     MAX_KV_CACHE_MEMORY_BYTES,

@@ -18,12 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servefleet.core import contract, validate as c
+from servefleet.core import validate as c
 from servefleet.core.errors import DataError
 from servefleet.core.fleetkey import depot_key_problem
 from servefleet.core.operator_files import ssh_key_problem
-from servefleet.core.owned_flags import OWNED, owned_flag_problems
+from servefleet.core.owned_flags import owned_flag_problems
 from servefleet.core.secrets import SecretError, read_secret
+from servefleet.fleet import contract, registry
 
 
 @dataclass
@@ -75,9 +76,9 @@ def _value_problem(key: str, value, source: str) -> str:
 
 
 def recipe_applies(recipe: str | None, groups: Sequence[str]) -> bool:
-    """A serving/depot deploy acts only on hosts of its role; others are a visible no-op."""
-    role = contract.ROLE_OF.get(recipe or "")
-    return role is None or role in groups
+    """A serving deploy acts only on hosts of its engine, the depot's on depots; on other hosts
+    it is a visible no-op (servefleet.fleet.registry.applies)."""
+    return registry.applies(recipe, groups)
 
 
 def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> list[str]:
@@ -101,15 +102,16 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
     applies = recipe_applies(recipe, host.groups)
     if recipe and applies:
         for knob in contract.KNOBS:
-            if recipe in knob.required_by and data.get(knob.name) is None:
+            if contract.required(knob, recipe) and data.get(knob.name) is None:
                 problems.append(
                     f"key {knob.name!r} is missing; deploys/{recipe}.py needs {knob.check.expected}"
                 )
-    serving = recipe in contract.SERVING and applies
+    engine = registry.engine_of_deploy(recipe) if applies else None
+    serving = engine is not None
     if (
         data.get("model_source") == "depot"
         and not data.get("depot_host")
-        and recipe in (contract.BF16, contract.Q4, contract.MODEL)
+        and contract.fetches_model(recipe)
         and applies
     ):
         problems.append(
@@ -152,9 +154,11 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
             "perf_gate = False to switch the gate off)"
         )
     problems += account_problems(host, data)
-    for key in OWNED:
-        if serving:
-            problems += owned_flag_problems(key, data.get(key))
+    if engine is not None:
+        key = engine.extra_args_key
+        problems += owned_flag_problems(
+            key, data.get(key), engine.owned_flags, engine.abbreviations
+        )
     problems += layout_problems(data)
     problems += root_reads_problems(data)
     return problems
@@ -164,7 +168,7 @@ def account_problems(host: HostData, data: Mapping) -> list[str]:
     """The accounts servefleet makes its own (servefleet_user, made nologin; on a depot the
     depot_user, forced to rrsync) are never the account it logs in as, nor each other."""
     managed = {"servefleet_user": data.get("servefleet_user")}
-    if "depot" in host.groups:
+    if registry.keeps_store(host.groups):
         managed["depot_user"] = data.get("depot_user")
     login = data.get("ssh_user")
     problems = []
@@ -325,7 +329,7 @@ def recipe_of(deploy_path: str | None) -> str | None:
     if not deploy_path:
         return None
     stem = deploy_path.rsplit("/", 1)[-1].removesuffix(".py")
-    return stem if stem in contract.ALL_DEPLOYS else None
+    return stem if stem in registry.all_deploys() else None
 
 
 def serving_digest(data: Mapping) -> str:

@@ -20,9 +20,9 @@ from pathlib import Path
 from pyinfra import host, state
 from pyinfra.api import StringCommand, operation
 
-from servefleet.core.llamacpp import build_env, build_present, build_problems
+from servefleet.engines.llamacpp.facts import GgufLint, LlamaBuilds, Nvcc
+from servefleet.engines.llamacpp.logic import build_env, build_present, build_problems
 from servefleet.facts import batch
-from servefleet.facts.llamacpp import GgufLint, LlamaBuilds, Nvcc
 from servefleet.facts.node import FreeDiskBytes
 from servefleet.operations.files import upload
 from servefleet.operations.node import fail_host
@@ -67,7 +67,7 @@ def build(
     + ccache_dir: CCACHE_DIR for the build (None: ccache's default)
     + min_free_disk: bytes that must be free under llama_dir before building
     + min_nvcc: oldest nvcc accepted (None: no check)
-    + cuda: GGML_CUDA is on (servefleet.core.llamacpp.cuda_on)
+    + cuda: GGML_CUDA is on (servefleet.engines.llamacpp.logic.cuda_on)
 
     Refusals (no nvcc, old nvcc, no disk) and build errors fail this host only. The running
     service is untouched: its unit names its own build prefix.

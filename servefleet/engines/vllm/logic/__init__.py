@@ -1,15 +1,17 @@
-"""The BF16 vLLM recipe's pure logic: pins, the serve command, the unit's values, the memory
-verdict. Unit-tested; the steps (servefleet.recipes.vllm) and drift both call it."""
+"""vLLM's pure logic: pins, the serve command, the unit's values, the sandbox probe, the memory
+verdict. Unit-tested; the steps (servefleet.engines.vllm.steps) and drift both call it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servefleet.core import kvplan, sandbox, systemd as sd
+from servefleet.core import drift_items as di, sandbox, systemd as sd
 from servefleet.core.layout import VLLM_UNIT, NodeLayout
+from servefleet.engines.vllm.logic import kvplan
 
 UNIT = VLLM_UNIT
-ENGINE = "vllm"
+TEMPLATE = "files/vllm/servefleet-vllm.service.j2"
+ENGINE = "vllm"  # what its release records name
 # vLLM versions whose KV-cache arithmetic plan-kv was checked against the real engine on a GPU
 # (tests/fixtures/h200/vllm/: same lines for the same config, and plan-kv matched them). For
 # any other version the health gate says "KV not compared" instead of passing silently.
@@ -33,39 +35,6 @@ def venv_path(data) -> str:
 
 def pins(data) -> dict[str, str]:
     return {"torch": data["torch_version"], "vllm": data["vllm_version"]}
-
-
-def public_version(version: str) -> str:
-    """2.11.0+cu130 -> 2.11.0: a pin without a local label matches any local label (PEP 440)."""
-    return version.split("+", 1)[0]
-
-
-def version_problems(
-    found: dict[str, str],
-    wanted: dict[str, str],
-    cuda: str | None,
-    wanted_cuda: str | None,
-    venv: str,
-) -> list[str]:
-    """What differs between the venv and the pins; [] when it is as data says."""
-    problems = []
-    for name, pin in wanted.items():
-        have = found.get(name)
-        if have is None:
-            problems.append(f"{name} is not installed in {venv} (pinned {name}=={pin})")
-        elif public_version(have) != pin:
-            problems.append(f"{name} {have} is installed in {venv}, the pin is {name}=={pin}")
-    if wanted_cuda and "torch" in found and cuda != wanted_cuda:
-        problems.append(
-            f"torch.version.cuda is {cuda or 'None (a CPU build)'} in {venv}, the "
-            f"recipe needs CUDA {wanted_cuda}: install torch from an index that "
-            f"serves the cu{wanted_cuda.replace('.', '')} build"
-        )
-    return problems
-
-
-def versions_match(found: dict[str, str], wanted: dict[str, str]) -> bool:
-    return all(name in found and public_version(found[name]) == pin for name, pin in wanted.items())
 
 
 def uv_env(data) -> dict[str, str]:
@@ -155,10 +124,26 @@ def unit_context(data, model: str) -> dict:
 
 
 def probe_argv(data) -> list[str]:
-    """What the sandbox probe runs before a (re)start (servefleet.core.sandbox)."""
-    return sandbox.vllm_probe_argv(
-        f"{venv_path(data)}/bin/python", executable(data), gpu=bool(data["require_gpu"])
-    )
+    """What the sandbox probe runs before a (re)start (servefleet.core.sandbox). GPU node: the
+    venv's torch initialises CUDA and names the device. Without a GPU (the testbed): the
+    executable the unit starts, asked for its version."""
+    if data["require_gpu"]:
+        return [
+            f"{venv_path(data)}/bin/python",
+            "-c",
+            "import torch; torch.cuda.init(); print(torch.cuda.get_device_name(0))",
+        ]
+    return [executable(data), "--version"]
+
+
+def model_include(data) -> list[str]:
+    """The files of the model repo the recipe fetches."""
+    return list(data["model_include"])
+
+
+def version_items(data, found: dict[str, str], cuda: str | None) -> list[di.Item]:
+    """The venv's torch and vLLM (and torch's CUDA) against the pins."""
+    return di.version_items(venv_path(data), found, pins(data), cuda, data["torch_cuda"])
 
 
 def kv_compared(version: str) -> bool:

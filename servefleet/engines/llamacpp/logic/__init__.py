@@ -1,5 +1,6 @@
-"""The llama.cpp recipe's pure logic: build identity, build records, preflights, the unit's
-values. Unit-tested; the steps (servefleet.recipes.llamacpp) and drift both call it."""
+"""llama.cpp's pure logic: build identity, build records, preflights, the unit's values, the
+sandbox probe, drift's build items. Unit-tested; the steps (servefleet.engines.llamacpp.steps),
+the readers and drift call it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from servefleet.core import records, sandbox, systemd as sd
+from servefleet.core import drift_items as di, records, sandbox, systemd as sd
 from servefleet.core.layout import LLAMA_UNIT, NodeLayout
 
 UNIT = LLAMA_UNIT
-ENGINE = "llama.cpp"
+TEMPLATE = "files/llamacpp/servefleet-llama.service.j2"
+ENGINE = "llama.cpp"  # what its release records name
 CREDENTIAL = "api-key"  # LoadCredential= name: systemd hands the key to the service user
 
 
@@ -257,8 +259,60 @@ def unit_context(data, model_dir: str, override_kv) -> dict:
     }
 
 
+# `nvidia-smi -L` exits 0 with "No devices found." when /dev/nvidia0 is out of reach (seen on
+# the H200 with the old allow list): the probe wants a GPU line.
+NVIDIA_SMI_PROBE = (
+    "nvidia-smi -L | grep '^GPU ' || { echo 'nvidia-smi -L lists no GPU' >&2; exit 1; }"
+)
+
+
 def probe_argv(data) -> list[str]:
-    """What the sandbox probe runs before a (re)start (servefleet.core.sandbox)."""
-    return sandbox.llamacpp_probe_argv(
-        NodeLayout.of(data).llama_server(build_name(data)), gpu=bool(data["require_gpu"])
+    """What the sandbox probe runs before a (re)start (servefleet.core.sandbox). GPU node:
+    nvidia-smi -L through the allowed devices, listing a GPU. Without a GPU: the llama-server
+    the unit starts (its libraries loaded under W^X and the filter), asked for its version."""
+    if data["require_gpu"]:
+        return ["/bin/sh", "-c", NVIDIA_SMI_PROBE]
+    return [NodeLayout.of(data).llama_server(build_name(data)), "--version"]
+
+
+def model_include(data) -> list[str]:
+    """The one file of the model repo the recipe fetches."""
+    return [data["model_file"]]
+
+
+# --- drift --------------------------------------------------------------------------------------
+
+
+def build_items(data, builds: Builds) -> list[di.Item]:
+    """The llama.cpp build `current` points at vs the pinned commit and the CMake flags of data."""
+    want_name, commit = build_name(data), data["llamacpp_commit"]
+    flags = dict(data["llamacpp_cmake_flags"])
+    current = builds.current_name
+    rec = builds.records.get(current) if current else None
+    items = [
+        di.item(
+            "llama.cpp current build",
+            current == want_name,
+            want_name,
+            current or "no `current` link",
+        )
+    ]
+    if rec is None:
+        why = "no build.json for current" if current else "no build"
+        items += [
+            di.item("llama.cpp commit", False, commit, why),
+            di.item("llama.cpp CMake flags", False, di.flags_text(flags), why),
+        ]
+        return items
+    items.append(
+        di.item(
+            "llama.cpp commit",
+            rec.get("commit") == commit,
+            commit,
+            rec.get("commit") or "(not recorded)",
+        )
     )
+    found_flags = rec.get("cmake_flags") or {}
+    exp, got = di.flags_delta(flags, found_flags)
+    items.append(di.item("llama.cpp CMake flags", found_flags == flags, exp, got))
+    return items

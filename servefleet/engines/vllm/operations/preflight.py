@@ -26,11 +26,11 @@ from servefleet.core.lint.checkpoint import (
 )
 from servefleet.core.lint.safe_files import MAX_CONFIG_BYTES, CheckpointError, parse_json_object
 from servefleet.core.node import usable_memory
-from servefleet.core.vllm import memory_verdict
+from servefleet.engines.vllm.facts import SafetensorsBytes
+from servefleet.engines.vllm.logic import memory_verdict
 from servefleet.facts import batch
 from servefleet.facts.models import ModelFile, file_problem
 from servefleet.facts.node import MemoryBytes, NvidiaGpus
-from servefleet.facts.vllm import SafetensorsBytes
 from servefleet.operations.node import fail_host
 
 

@@ -9,7 +9,7 @@
                       the release it installs recorded (servefleet.core.releases)
     health()          /health, one chat, settle, only when the service (re)started
 
-Pure logic (build identity, the unit's values): servefleet.core.llamacpp.
+Pure logic (build identity, the unit's values): servefleet.engines.llamacpp.logic.
 """
 
 from __future__ import annotations
@@ -21,23 +21,25 @@ from pyinfra import host
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import File
 
-from servefleet.core import llamacpp as logic
 from servefleet.core.lint import gguf_header, gguf_lint
+from servefleet.engines.llamacpp import ENGINE, logic, operations as ops, readers
+from servefleet.engines.llamacpp.facts import GgufLint, LlamaBuilds, Nvcc
 from servefleet.facts import batch
-from servefleet.facts.llamacpp import GgufLint, LlamaBuilds, Nvcc
 from servefleet.facts.node import FreeDiskBytes, InstalledDebs
-from servefleet.facts.vllm import DistVersions
-from servefleet.operations import files, llamacpp as ops
+from servefleet.facts.pyenv import DistVersions
+from servefleet.operations import files
 from servefleet.recipes import base, releases, serving
 from servefleet.recipes.models import ModelRun, ensure_model, model_dir, model_reads
 from servefleet.recipes.service import ServiceRun, systemd_service
 from servefleet.recipes.steps import deploy
 
-UNIT_TEMPLATE = "files/llamacpp/servefleet-llama.service.j2"
+UNIT_TEMPLATE = logic.TEMPLATE
 PREFLIGHT_SCRIPT = "files/llamacpp/llama-preflight.sh"
 # The lint runs on the node with the tools venv's gguf: servefleet's own module, uploaded.
 LINT_SOURCE = Path(gguf_lint.__file__)
 LINT_HEADER_SOURCE = Path(gguf_header.__file__)  # imported by the lint, from its own directory
+# gguf in the tools venv reads GGUF headers for the lint.
+GGUF_TOOLS = {"gguf": "llamacpp_gguf_version"}
 
 
 def plan_reads() -> None:
@@ -53,7 +55,7 @@ def plan_reads() -> None:
             *([(Nvcc, {})] if logic.cuda_on(data["llamacpp_cmake_flags"]) else []),
             (FreeDiskBytes, {"path": lay.llama_dir}),
             *model_reads(model),
-            (DistVersions, {"venv": lay.tools_venv, "names": tuple(base.GGUF_TOOLS)}),
+            (DistVersions, {"venv": lay.tools_venv, "names": tuple(GGUF_TOOLS)}),
             *base.upload_reads(
                 lay.bin("servefleet-llama-build"),
                 lay.bin("gguf_header.py"),
@@ -70,7 +72,10 @@ def plan_reads() -> None:
     )
 
 
-base.PLANS["serve_q4_llamacpp"] = plan_reads
+def begin() -> bool:
+    """deploys/serve_q4_llamacpp.py's start: data checked, this recipe's reads planned with the
+    base's; False (a visible no-op) on a host of another engine."""
+    return base.begin(ENGINE.deploy, plan=plan_reads)
 
 
 @dataclass
@@ -130,19 +135,13 @@ def model() -> ModelRun:
 
 
 def _lint_args(model_dir: str) -> dict:
-    lay = base.layout()
-    return {
-        "python": lay.tools_python,
-        "script": lay.bin("servefleet-gguf-lint"),
-        "path": logic.model_path(model_dir, base.data()),
-        "user": host.data.servefleet_user,
-    }
+    return readers.lint_args(base.data(), model_dir)
 
 
 @deploy("GGUF lint")
 def gguf_lint_step(run: ModelRun):
     """gguf in the tools venv and the lint on the node; the model file linted there."""
-    base.tools(base.GGUF_TOOLS)
+    base.tools(GGUF_TOOLS)
     args = _lint_args(run.path)
     files.upload(
         name="GGUF header check",
@@ -157,15 +156,8 @@ def gguf_lint_step(run: ModelRun):
 
 
 def override_kv(model_dir: str):
-    """() -> the lint's --override-kv value, read on the node when called (the template calls it
-    while it renders: before execution for change detection, and at execution after the
-    download)."""
-
-    def read() -> str | None:
-        lint = batch.get(host, GgufLint, **_lint_args(model_dir))
-        return lint.flag if lint.state == "ok" else None
-
-    return read
+    """() -> the lint's --override-kv value, read on the node when the template renders."""
+    return readers.override_kv(host, base.data(), model_dir)
 
 
 @deploy("llama.cpp service")
@@ -182,7 +174,7 @@ def service(built: Build, run: ModelRun) -> ServiceRun:
     context = logic.unit_context(data, run.path, override_kv(run.path))
     probe = logic.probe_argv(data)
     release_of = releases.build(
-        engine=logic.ENGINE,
+        engine=ENGINE,
         version=data["llamacpp_tag"],
         prefix=built.prefix,
         unit=logic.UNIT,
@@ -211,4 +203,4 @@ def gate_args() -> dict:
 @deploy("llama.cpp health")
 def health(svc: ServiceRun):
     """Only when the service was (re)started in this run: /health, one chat, settle."""
-    serving.health("llama.cpp /health, one chat completion, settle", svc, gate_args())
+    serving.health("llama.cpp /health, one chat completion, settle", svc, gate_args(), ENGINE)

@@ -10,9 +10,9 @@ sha256 of the pristine and patched file per vLLM version, live in
 
 Run on its own::
 
-    pyinfra @local servefleet.operations.vllm_patch.apply venv=/opt/vllm/venv \
+    pyinfra @local servefleet.engines.vllm.operations.patch.apply venv=/opt/vllm/venv \
         workdir=/opt/servefleet/bin -y
-    pyinfra inventory.py servefleet.operations.vllm_patch.revert venv=/opt/vllm/venv -y
+    pyinfra inventory.py servefleet.engines.vllm.operations.patch.revert venv=/opt/vllm/venv -y
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from servefleet.engines.vllm.facts import VllmModelFile, VllmVersion
 from servefleet.facts import batch
 from servefleet.facts.files import RegularFileSha256
-from servefleet.facts.vllm import Several, VllmModelFile, VllmVersion
+from servefleet.facts.pyenv import Several
 from servefleet.operations.files import upload
 from servefleet.operations.node import fail_host
 
@@ -176,7 +177,7 @@ def apply(venv: str, workdir: str):
 
     .. code:: python
 
-        from servefleet.operations import vllm_patch
+        from servefleet.engines.vllm.operations import patch as vllm_patch
         vllm_patch.apply(
             name="Build no vision tower with --language-model-only",
             venv="/opt/vllm/venv", workdir="/opt/servefleet/bin",
@@ -245,7 +246,7 @@ def revert(venv: str):
 
     .. code:: python
 
-        from servefleet.operations import vllm_patch
+        from servefleet.engines.vllm.operations import patch as vllm_patch
         vllm_patch.revert(
             name="Restore vLLM's own qwen3_5.py",
             venv="/opt/vllm/venv",

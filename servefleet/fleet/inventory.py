@@ -20,11 +20,13 @@ import pyinfra
 from pyinfra_cli.util import parse_cli_arg
 
 from servefleet.core import groupdata, host_keys, project, validate as c
-from servefleet.core.data import HostData, Layer, recipe_of, validate
 from servefleet.core.errors import DataError, Exit
 from servefleet.core.fleet_yaml import FleetError, read_yaml, show as _show
+from servefleet.fleet.data import HostData, Layer, recipe_of, validate
+from servefleet.fleet.nodes import NODE_CLASSES
 
-ROLES = ("spark", "rtx4090", "depot")
+# The roles fleet.yml names: the node classes (servefleet.fleet.nodes).
+ROLES = tuple(n.name for n in NODE_CLASSES)
 # pyinfra's own SSH connector keys, as the operator writes them in fleet.yml.
 SSH_KEYS = {
     "ssh_hostname": str,

@@ -18,9 +18,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from servefleet.core import kvplan, sizes
+from servefleet.core import sizes
 from servefleet.core.errors import InputError
 from servefleet.core.lint.checkpoint import checkpoint_roots, one_line, resolve_inside
+from servefleet.engines.vllm.logic import kvplan
 
 
 def parse_bytes(text: str) -> int:

@@ -1,0 +1,1 @@
+"""vLLM's own `servefleet` sub-commands (Engine.commands)."""
