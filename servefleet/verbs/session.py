@@ -12,6 +12,7 @@ import difflib
 import logging
 import os
 import re
+import resource
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -173,6 +174,29 @@ def check_selection(inventory_path: str, inventory, targets: list, limit) -> Non
         )
 
 
+# Descriptors a session may need per host: pyinfra keeps every host's connection (one socket)
+# open from connect to the end of the run; pyinfra's own estimate, 3, leaves room for the
+# channels and files of the operations in flight.
+FDS_PER_HOST, FDS_FIXED = 3, 64
+
+
+def allow_open_files(hosts: int) -> int:
+    """Raise this process's soft open-files limit, within the hard one, so that a session of
+    `hosts` hosts never runs out of descriptors (a shell's default soft limit, 1024 on Debian,
+    would fail connections past ~1,000 hosts as unreachable ones). Returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FDS_FIXED + FDS_PER_HOST * hosts
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return soft
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):  # above the kernel's nr_open: keep what there is
+            return soft
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 @contextmanager
 def session(
     inventory_path: str,
@@ -215,6 +239,7 @@ def session(
             settle(host.data)
         targets = select(inventory, limit)
         check_selection(inventory_path, inventory, targets, limit)
+        allow_open_files(len(targets))
         state.init(inventory, config, initial_limit=targets)
         sess = Session(state, config, targets, log)
         state.set_stage(StateStage.Connect)

@@ -3,7 +3,6 @@
 import functools
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +21,7 @@ from servefleet_dev.testbed.state import (
     shared_dir,
     testbed_dir,
 )
+from servefleet_dev.testbed.trees import remove_tree
 from servefleet_dev.testing.wheels import cache_lock
 
 GUEST_CACHE = "/var/cache/servefleet"  # where the host-side caches appear inside every guest
@@ -192,29 +192,30 @@ def start(record: HostRecord, image: Path) -> int:
         # apt locks its archive dir, so each host name keeps its own (kept across re-creation).
         f"--bind={_apt_cache(record.name)}:/var/cache/apt/archives",
     ]
-    log = open(base / "console.log", "ab")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "servefleet_dev.testbed.supervise",
-            record.name,
-            str(root),
-            "--",
-            *nspawn_args,
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-        # A clean environment: guests must not inherit this shell's (slow) start-up or variables.
-        env={
-            "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-            **DEVICE_POLICY_ENV,
-            **{k: v for k, v in os.environ.items() if k.startswith("SERVEFLEET_")},
-        },
-    )
+    # The supervisor writes the log; this process keeps no descriptor of it once started.
+    with open(base / "console.log", "ab") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "servefleet_dev.testbed.supervise",
+                record.name,
+                str(root),
+                "--",
+                *nspawn_args,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            # A clean environment: guests must not inherit this shell's (slow) start-up or variables.
+            env={
+                "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+                "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+                **DEVICE_POLICY_ENV,
+                **{k: v for k, v in os.environ.items() if k.startswith("SERVEFLEET_")},
+            },
+        )
     return proc.pid
 
 
@@ -310,12 +311,15 @@ def guests_under(prefix: Path) -> list[int]:
     return pids
 
 
-def _procs_of(base: Path) -> list[int]:
-    """PIDs of the supervisor, nspawn and guest processes of the host tree at base: its root
-    is exactly base/root, or its guest overlay's upper directory is base/upper (depot-1 is not
-    depot-10: whole path components only)."""
-    root, upper = f"{base}/root", f"{base}/upper"
-    pids = []
+def _procs_of_each(bases: list[Path]) -> dict[Path, list[int]]:
+    """PIDs of the supervisor, nspawn and guest processes of each host tree in bases, from one
+    pass over /proc: a process belongs to the tree at base when its root is exactly base/root,
+    or it names base/root on its command line, or its guest overlay's upper directory is
+    base/upper (depot-1 is not depot-10: whole path components only)."""
+    roots = {f"{b}/root": b for b in bases}
+    uppers = {f"{b}/upper": b for b in bases}
+    argv_roots = {r.encode(): b for r, b in roots.items()}
+    found: dict[Path, list[int]] = {b: [] for b in bases}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
@@ -324,14 +328,20 @@ def _procs_of(base: Path) -> list[int]:
             proc_root = os.readlink(proc / "root")
         except OSError:
             continue
-        if (
-            root.encode() in argv
-            or proc_root == root
-            or proc_root.startswith(root + "/")
-            or guest_upper(int(proc.name)) == upper
-        ):
-            pids.append(int(proc.name))
-    return pids
+        base = next((argv_roots[a] for a in argv if a in argv_roots), None)
+        if base is None:
+            base = roots.get(proc_root) or next(
+                (b for r, b in roots.items() if proc_root.startswith(r + "/")), None
+            )
+        if base is None:
+            base = uppers.get(guest_upper(int(proc.name)) or "")
+        if base is not None:
+            found[base].append(int(proc.name))
+    return found
+
+
+def _procs_of(base: Path) -> list[int]:
+    return _procs_of_each([base])[base]
 
 
 def _mounts_under(base: Path) -> list[str]:
@@ -348,19 +358,30 @@ def _umount_under(base: Path) -> None:
 
 def stop(name: str, pid: int | None, timeout: float = 15) -> None:
     """Power the guest off (SIGTERM to its supervisor), kill what is left, unmount."""
-    base = hosts_dir() / name
-    if pid:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    stop_many({name: pid}, timeout)
+
+
+def stop_many(hosts: dict[str, int | None], timeout: float = 15) -> None:
+    """Power the guests off side by side (SIGTERM to each supervisor: {name: pid}), kill what
+    is left of them after timeout, unmount their trees. One pass over /proc per poll serves
+    them all, so stopping N hosts costs one poweroff's wait, not N."""
+    bases = [hosts_dir() / name for name in hosts]
+    for pid in hosts.values():
+        if pid:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + timeout
-    while _procs_of(base) and time.monotonic() < deadline:
+    left = _procs_of_each(bases)
+    while any(left.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
+        left = _procs_of_each([b for b, pids in left.items() if pids])
     # What did not power off in time, the guest's own processes included: SIGKILL to nspawn
     # alone would leave the guest's systemd running, reparented to PID 1.
-    kill_all(_procs_of(base))
-    _umount_under(base)
+    kill_all([p for pids in _procs_of_each(bases).values() for p in pids])
+    for base in bases:
+        _umount_under(base)
 
 
 def kill_all(pids: list[int], timeout: float = 10) -> None:
@@ -388,7 +409,7 @@ def remove(name: str) -> None:
     """Forget the host entirely: its upper dir is its disk."""
     base = hosts_dir() / name
     _umount_under(base)
-    shutil.rmtree(base, ignore_errors=True)
+    remove_tree(base)  # not shutil.rmtree: trees.py says why
 
 
 def leftovers() -> list[Path]:

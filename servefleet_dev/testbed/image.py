@@ -4,7 +4,6 @@ with mmdebstrap and cached by the hash of its recipe."""
 import hashlib
 import json
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 from servefleet.core.paths import cache_subdir
 from servefleet_dev.testbed import binfmt
 from servefleet_dev.testbed.platforms import DEFAULT_ARCH, DEFAULT_RELEASE, emulated, label
+from servefleet_dev.testbed.trees import remove_tree
 from servefleet_dev.testing.wheels import cache_lock
 
 MIRROR = "http://deb.debian.org/debian"
@@ -159,11 +159,11 @@ def _build(
         )
         (tmp / "rootfs" / ".complete").touch()
         if target.exists():
-            shutil.rmtree(target)
+            remove_tree(target, check=True)
         (tmp / "rootfs").rename(target)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)  # not shutil.rmtree: trees.py says why
     in_use = _mounted_lowerdirs()
     for old in images.iterdir():  # old recipes are dead weight, unless a guest runs on one
         if of_kind(kind, old.name) and old != target and str(old) not in in_use:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_tree(old)

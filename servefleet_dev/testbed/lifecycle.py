@@ -37,6 +37,10 @@ SSH_PORTS = {"depot": 2222}
 # How long a guest may take to boot until sshd answers and systemd is up: an emulated one runs
 # systemd, sshd and every unit under qemu-user, many times slower (evidence.md, Platforms: probes).
 BOOT_TIMEOUT_S = {False: 60, True: 600}
+# Hosts waited for at once while they boot (all of them boot side by side regardless): each wait
+# holds an ssh child and its pipes, so `up` of any number of hosts holds a bounded number of
+# descriptors and processes.
+BOOT_WAITERS = 16
 
 
 def mixed_names(n: int) -> list[str]:
@@ -144,7 +148,7 @@ def _boot(state: TestbedState, specs: list[HostSpec], log) -> None:
     for rec in to_start:
         rec.pid = hosts.start(rec, images[rec.release, rec.arch])
     save_state(state)
-    with ThreadPoolExecutor(max_workers=max(1, len(to_start))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(len(to_start), BOOT_WAITERS))) as pool:
         ready = pool.map(lambda r: hosts.wait_ready(r, BOOT_TIMEOUT_S[emulated(r.arch)]), to_start)
         for rec, sysstate in zip(to_start, ready, strict=False):
             if sysstate == "degraded":  # seen once in CI: a unit failed at boot, sshd with it
@@ -259,19 +263,13 @@ def status() -> list[dict]:
 
 
 def _teardown(state: TestbedState, keep_disks: bool) -> None:
-    for rec in state.hosts.values():
-        hosts.stop(rec.name, rec.pid)
-    # Every process left in the guests' network namespace, whether or not the state still lists
-    # its host (a supervisor that died, a state file lost): their overlays cannot go before them.
-    hosts.kill_all(net.pids_in_netns({i for i in (state.netns_inode, net.netns_inode()) if i}))
-    for base in hosts.leftovers():  # also hosts the state file no longer knows about
-        hosts.stop(base.name, None, timeout=0)
-        if not keep_disks:
-            hosts.remove(base.name)
-    # Guests of this instance whose host tree is gone (orphans of an earlier run's down).
-    hosts.kill_all(hosts.guests_under(hosts.hosts_dir()))
-    services.stop_all(state)
-    net.down()
+    try:
+        _stop_hosts(state, keep_disks)
+    finally:
+        # The hub and the network go whatever stopped the hosts' part half-way (it raises after
+        # this): left up, they would hold the instance's address and port for the next `up`.
+        services.stop_all(state)
+        net.down()
     state.netns_inode = None
     for rec in state.hosts.values():
         rec.pid = None
@@ -281,6 +279,23 @@ def _teardown(state: TestbedState, keep_disks: bool) -> None:
         state.hosts.clear()
     state.network_up = False
     save_state(state)
+
+
+def _stop_hosts(state: TestbedState, keep_disks: bool) -> None:
+    # Side by side: every guest powers off at once (N hosts wait one poweroff, not N).
+    hosts.stop_many(
+        {rec.name: rec.pid for rec in state.hosts.values()}, timeout=15 + len(state.hosts) / 4
+    )
+    # Every process left in the guests' network namespace, whether or not the state still lists
+    # its host (a supervisor that died, a state file lost): their overlays cannot go before them.
+    hosts.kill_all(net.pids_in_netns({i for i in (state.netns_inode, net.netns_inode()) if i}))
+    left = hosts.leftovers()  # also hosts the state file no longer knows about
+    hosts.stop_many({base.name: None for base in left}, timeout=0)
+    if not keep_disks:
+        for base in left:
+            hosts.remove(base.name)
+    # Guests of this instance whose host tree is gone (orphans of an earlier run's down).
+    hosts.kill_all(hosts.guests_under(hosts.hosts_dir()))
 
 
 def down(log=print) -> None:

@@ -48,25 +48,25 @@ def start_all(state: TestbedState, log=print) -> None:
     port = HUB_PORT
     while not _port_free(net.HOST_ADDR, port):
         port += 1
-    log_file = open(testbed_dir() / "hub.log", "ab")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "servefleet_dev.hub",
-            "serve",
-            "--root",
-            str(hub_root()),
-            "--host",
-            net.HOST_ADDR,
-            "--port",
-            str(port),
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=log_file,
-        start_new_session=True,
-    )
+    with open(testbed_dir() / "hub.log", "ab") as log_file:  # the hub's, not kept here
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "servefleet_dev.hub",
+                "serve",
+                "--root",
+                str(hub_root()),
+                "--host",
+                net.HOST_ADDR,
+                "--port",
+                str(port),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+        )
     url = f"http://{net.HOST_ADDR}:{port}"
     deadline = time.monotonic() + 15
     while True:  # ready once it accepts connections
