@@ -170,10 +170,10 @@ class PerfGate:
 
         sess.each(one, [h for h in sess.targets if h.name in verdicts])
 
-    def bracket(self, sess, after: dict[str, perf.Figures]) -> dict[str, tuple[bool, str]]:
+    def bracket(self, sess, after: dict[str, perf.Figures]) -> dict[str, tuple[str, str]]:
         """After a failed gate and the rollback: the previous release measured again on each
-        host of `after` (the new release's figures that failed), and (still slower, what it
-        said) for each. See bracket()."""
+        host of `after` (the new release's figures that failed), and (verdict, what it said)
+        for each. See bracket()."""
 
         def one(host):
             th = perf.Settings.of(host.data.dict()).thresholds
@@ -188,7 +188,7 @@ class PerfGate:
                 res
                 if not isinstance(res, Exception)
                 else (
-                    True,
+                    perf.FAIL,
                     f"the previous release could not be measured again: "
                     f"{type(res).__name__}: {res}",
                 )
@@ -198,28 +198,39 @@ class PerfGate:
 
 def bracket(
     before: perf.Figures, again: list, after: perf.Figures, th: perf.Thresholds
-) -> tuple[bool, str]:
-    """Is the new release slower (True), or did the node slow down (False)?
+) -> tuple[str, str]:
+    """After a failed gate and the rollback: is the new release slower (perf.FAIL), did the
+    node slow down (perf.PASS), or can the figures not tell (perf.INCONCLUSIVE)?
 
     The gate compares the new release with the previous one measured *before* it. Load that
     starts on the node in between (a compile, a neighbour's job) makes the new release look
     slower in both of its measurements. So a release the gate failed is judged once more,
     after the rollback, against the previous release measured *again* (the best of two, on the
     node as it is now): a slower release is slower than its predecessor on both sides of it in
-    time; if the previous release is now just as slow, it was the node. A previous release
-    that cannot be measured again leaves the verdict as it was (the safe one)."""
+    time; if the previous release is now just as slow, it was the node. And where the previous
+    release itself measured differently before and after by more than a threshold, the node's
+    speed moved as much as the gate tries to see: the verdict is inconclusive, not a rollback.
+    A previous release that cannot be measured again leaves the verdict as it was (the safe
+    one)."""
     figs = [f for f in again if isinstance(f, perf.Figures)]
     if not figs:
         why = next((f for f in again if isinstance(f, str)), "not measured")
-        return True, f"the previous release could not be measured again: {why}"
+        return perf.FAIL, f"the previous release could not be measured again: {why}"
     now = perf.best(*figs) if len(figs) == 2 else figs[0]
     verdict = perf.compare(now, after, th)
-    if verdict.failed:
-        return True, f"slower than the previous release measured again too ({now.short})"
-    return False, (
-        f"against the previous release measured again {verdict.text} (before the "
-        f"upgrade it measured {before.short}): the node slowed down, not the release"
-    )
+    if not verdict.failed:
+        return perf.PASS, (
+            f"against the previous release measured again {verdict.text} (before the "
+            f"upgrade it measured {before.short}): the node slowed down, not the release"
+        )
+    moved = perf.compare(before, now, th).failed or perf.compare(now, before, th).failed
+    if moved:
+        return perf.INCONCLUSIVE, (
+            f"the previous release measured {before.short} before the upgrade and "
+            f"{now.short} after it: the node's own speed moved more than a threshold, so the "
+            f"new release cannot be judged slower"
+        )
+    return perf.FAIL, f"slower than the previous release measured again too ({now.short})"
 
 
 GATE_SAID = {
@@ -290,5 +301,5 @@ def judge(
     state, said, after, _ = decide(before, th, measure_new, say)
     if state != perf.FAIL or after is None:
         return state, said
-    still, why = bracket(before, [measure_previous(), measure_previous()], after, th)
-    return (perf.FAIL, f"{said}; {why}") if still else (perf.PASS, f"{said}; {why}")
+    state, why = bracket(before, [measure_previous(), measure_previous()], after, th)
+    return state, f"{said}; {why}"

@@ -277,24 +277,24 @@ class Rollout:
         after = {n: f for n, rec in back.items() if (f := perf.Figures.from_json(rec.perf_after))}
         with self.session(list(back)) as sess:
             judged = self.perf.bracket(sess, after)
-        forward, passed = [], {}
-        for name, (still, said) in judged.items():
+        forward, passed = [], {}  # upgraded again: the node slowed, or it cannot tell
+        for name, (state, said) in judged.items():
             rec = back[name]
-            if still:
+            if state == perf.FAIL:
                 rec.perf = f"{rec.perf}; {said}"
                 rec.detail = f"{rec.detail}; {said}"
             else:
                 forward.append(name)
                 passed[name] = (
-                    f"performance gate passed {said}; the first verdict: "
-                    f"{rec.perf.removeprefix('performance gate ')}"
+                    state,
+                    (
+                        f"performance gate {'passed ' if state == perf.PASS else 'inconclusive: '}"
+                        f"{said}; the first verdict: {rec.perf.removeprefix('performance gate ')}"
+                    ),
                 )
         if not forward:
             return []
-        self.say(
-            f"{', '.join(forward)}: the node slowed down, not the release: converging "
-            f"{self.deploy} again"
-        )
+        self.say(f"{', '.join(forward)}: not the release's fault: converging {self.deploy} again")
         self._mark(forward, "converging")
         outcomes = api.converge(self.inventory, self.deploy, forward, self.data)
         ok = [n for n in forward if outcomes.get(n) and outcomes[n].ok]
@@ -302,19 +302,17 @@ class Rollout:
         up = [n for n in ok if gates[n][0]]
         for name in forward:
             rec = back[name]
+            state, said = passed[name]
             if name in up:
-                rec.result, rec.again, rec.perf = UPGRADED, True, passed[name]
+                held = state == perf.INCONCLUSIVE  # on the new release, reported apart
+                rec.result, rec.again, rec.perf = INCONCLUSIVE if held else UPGRADED, True, said
                 rec.detail = f"gate: {gates[name][1]}"
-                self.say(f"{name}: upgraded to {rec.to_release} again; {rec.perf}")
-            else:
-                why = (
-                    gates[name][1]
-                    if name in gates
-                    else outcomes[name].error
-                    if name in outcomes
-                    else "not run"
+                self.say(
+                    f"{name}: {'held on' if held else 'upgraded to'} {rec.to_release} again; {said}"
                 )
-                rec.detail = f"{rec.detail}; {passed[name]}; converging again: {why}"
+            else:
+                why = gates[name][1] if name in gates else getattr(outcomes.get(name), "error", "")
+                rec.detail = f"{rec.detail}; {said}; converging again: {why or 'not run'}"
         if up:
             with self.session(up) as sess:
                 self.perf.passed_again(sess, {n: (after[n], back[n].perf) for n in up})

@@ -19,13 +19,17 @@ def register(sub) -> None:
     up.add_argument(
         "--hosts",
         default=",".join(lifecycle.DEFAULT_HOSTS),
-        help="comma-separated names; the prefix is the role (spark-1, rtx4090-1, depot-1)",
+        help="comma-separated names; the prefix is the role (spark-1, rtx4090-1, depot-1), an "
+        "optional @RELEASE-ARCH suffix the Debian release (bookworm, the default, or trixie) and "
+        "architecture (amd64, the default, or arm64): spark-2@trixie, spark-3@bookworm-arm64",
     )
     add = tsub.add_parser("add", help="add a fresh host next to the running ones")
-    add.add_argument("name")
+    add.add_argument("name", help="as in `up --hosts`: spark-9, spark-9@trixie-arm64")
     rm = tsub.add_parser("rm", help="stop and delete one host")
     rm.add_argument("name")
-    st = tsub.add_parser("status", help="table of hosts: name, role, address, systemd state")
+    st = tsub.add_parser(
+        "status", help="table of hosts: name, role, release, arch, address, systemd state"
+    )
     st.add_argument("--json", action="store_true")
     ssh = tsub.add_parser("ssh", help="ssh into a host: ssh NAME [-- CMD...]")
     ssh.add_argument("name")
@@ -43,11 +47,18 @@ def _log(msg: str) -> None:
 
 def print_status(rows: list[dict], console: Console | None = None) -> None:
     table = Table(title="servefleet testbed")
-    for col in ("name", "role", "address", "systemd"):
+    for col in ("name", "role", "release", "arch", "address", "systemd"):
         table.add_column(col)
     for row in rows:
         style = "green" if row["systemd"] == "running" else "red"
-        table.add_row(row["name"], row["role"], row["address"], f"[{style}]{row['systemd']}[/]")
+        table.add_row(
+            row["name"],
+            row["role"],
+            row["release"],
+            row["arch"],
+            row["address"],
+            f"[{style}]{row['systemd']}[/]",
+        )
     (console or Console()).print(table)
 
 

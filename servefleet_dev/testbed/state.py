@@ -9,6 +9,7 @@ from pathlib import Path
 
 from servefleet.core.paths import cache_subdir
 from servefleet.fleet.registry import parse_role, role_names  # the roles: classes x engines
+from servefleet_dev.testbed.platforms import DEFAULT_ARCH, DEFAULT_RELEASE
 
 
 def instance() -> int:
@@ -54,6 +55,10 @@ class HostRecord:
     address: str
     pid: int | None = None  # the supervisor process that runs systemd-nspawn
     ssh_port: int = 22
+    release: str = (
+        DEFAULT_RELEASE  # Debian codename of its image (servefleet_dev.testbed.platforms)
+    )
+    arch: str = DEFAULT_ARCH  # Debian architecture of its image
 
 
 @dataclass

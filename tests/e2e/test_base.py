@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from servefleet_dev.testbed import guest
+from servefleet_dev.testbed.state import load_state
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra, reads_of_a_noop
 
 pytestmark = pytest.mark.e2e
@@ -141,9 +143,9 @@ BEHIND_THE_BACK = {
         "present",
     ),
     "tool removed": (
-        "rm -r /opt/servefleet/tools/venv/lib/python3.11/site-packages/uv-0.13.9.dist-info",
+        "rm -r TOOLS_SITE/uv-0.13.9.dist-info",
         "Tools: uv 0.13.9",
-        "ls -d /opt/servefleet/tools/venv/lib/python3.11/site-packages/uv-*.dist-info | wc -l",
+        "ls -d TOOLS_SITE/uv-*.dist-info | wc -l",
         "1",
     ),
 }
@@ -151,8 +153,12 @@ BEHIND_THE_BACK = {
 
 @pytest.mark.parametrize("case", list(BEHIND_THE_BACK))
 def test_a_change_behind_the_back_is_seen_by_dry_and_drift_then_repaired(testbed, th, case):
-    change, step, probe, expected = BEHIND_THE_BACK[case]
     host, h = "spark-1", th("spark-1")
+    # TOOLS_SITE: the tools venv's site-packages, under the guest's own Python (it is asked).
+    tools_site = guest.site_packages(load_state().hosts[host], "/opt/servefleet/tools/venv")
+    change, step, probe, expected = (
+        part.replace("TOOLS_SITE", tools_site) for part in BEHIND_THE_BACK[case]
+    )
     assert pyinfra("inventory/testbed.py", "deploys/base.py", limit=host).returncode == 0
     assert h.run(change).rc == 0
     dry = pyinfra("inventory/testbed.py", "deploys/base.py", "--dry", limit=host, yes=False)

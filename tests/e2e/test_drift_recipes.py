@@ -18,7 +18,8 @@ import pytest
 
 from servefleet.engines.llamacpp import logic as llamacpp
 from servefleet.engines.vllm.operations.patch import recorded_patch
-from servefleet_dev.testbed import hosts as tb_hosts, material
+from servefleet_dev.testbed import guest, hosts as tb_hosts, material
+from servefleet_dev.testbed.state import load_state
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
 from servefleet_dev.testing.wheels import vllm_wheel
 
@@ -29,11 +30,18 @@ SPARK, LLAMA = "spark-1", "rtx4090-1"
 BF16, Q4 = "deploys/serve_bf16.py", "deploys/serve_q4_llamacpp.py"
 ROOT = "/opt/servefleet"
 VENV = f"{ROOT}/venvs/vllm-0.24.0"
-QWEN = f"{VENV}/lib/python3.11/site-packages/vllm/model_executor/models/qwen3_5.py"
 MODELS = f"{ROOT}/models/Qwen--Qwen-AgentWorld-35B-A3B"
 SHARD = "model.safetensors-00002-of-00002.safetensors"
 VLLM_UNIT = "/etc/systemd/system/servefleet-vllm.service"
 PATCH = recorded_patch("0.24.0")
+
+
+def qwen() -> str:
+    """qwen3_5.py in the vLLM venv, under the guest's own Python (it is asked)."""
+    site = guest.site_packages(load_state().hosts[SPARK], VENV)
+    return f"{site}/vllm/model_executor/models/qwen3_5.py"
+
+
 UV = (
     f"UV_CACHE_DIR=/var/cache/servefleet/uv UV_LINK_MODE=copy UV_NO_PROGRESS=1 "
     f"{ROOT}/tools/venv/bin/uv pip install --quiet --python {VENV}/bin/python --no-deps "
@@ -155,7 +163,7 @@ def test_hand_edited_unit_is_shown_as_a_diff(recipes, th):
 
 
 def test_reverted_patch(recipes, th):
-    th(SPARK).run(f"mv -f {QWEN}.orig {QWEN}")  # what vllm_patch.revert does
+    th(SPARK).run(f"mv -f {qwen()}.orig {qwen()}")  # what vllm_patch.revert does
     rc, report = drift(BF16, SPARK)
     assert rc == 1
     items = drifted(report, SPARK)
@@ -169,8 +177,8 @@ def test_reverted_patch(recipes, th):
 
 def test_replaced_orig(recipes, th):
     h = th(SPARK)
-    h.run(f"echo '# not vLLM' > {QWEN}.orig")
-    bogus = sha256_on(h, f"{QWEN}.orig")
+    h.run(f"echo '# not vLLM' > {qwen()}.orig")
+    bogus = sha256_on(h, f"{qwen()}.orig")
     rc, report = drift(BF16, SPARK)
     assert rc == 1
     (item,) = drifted(report, SPARK).values()
@@ -180,9 +188,9 @@ def test_replaced_orig(recipes, th):
     # The recipe refuses to guess (the backup is not vLLM's file) and says how to fix it ...
     run = converge(BF16, SPARK)
     assert run.returncode != 0
-    assert f"the backup {QWEN}.orig has sha256 {bogus}, not the pristine" in run.output
+    assert f"the backup {qwen()}.orig has sha256 {bogus}, not the pristine" in run.output
     # ... which is done here: backup moved away, vLLM's files reinstalled; then a converge.
-    assert h.run(f"rm {QWEN}.orig && {UV} --force-reinstall vllm==0.24.0").rc == 0
+    assert h.run(f"rm {qwen()}.orig && {UV} --force-reinstall vllm==0.24.0").rc == 0
     repaired(BF16, SPARK)
 
 

@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from servefleet.engines.vllm.operations.patch import recorded_patch
-from servefleet_dev.testbed import hosts as tb_hosts, material
+from servefleet_dev.testbed import guest, hosts as tb_hosts, material
 from servefleet_dev.testbed.state import load_state
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra, reads_of_a_noop
 from servefleet_dev.testing.wheels import vllm_wheel, wheel_member
@@ -35,8 +35,6 @@ REPO = "Qwen/Qwen-AgentWorld-35B-A3B"
 ROOT = "/opt/servefleet"
 VENV = f"{ROOT}/venvs/vllm-0.24.0"
 UNIT = "/etc/systemd/system/servefleet-vllm.service"
-SITE = f"{VENV}/lib/python3.11/site-packages"  # Debian 12's Python 3.11
-QWEN = f"{SITE}/vllm/model_executor/models/qwen3_5.py"
 STANDIN_CONTROL = "/etc/servefleet-standin"
 RESTART_SEC = 10  # the unit's RestartSec
 
@@ -46,6 +44,15 @@ def bf16(testbed):
     """Wheelhouse stocked, the stand-in installed, the tiny checkpoint on the local hub."""
     material.prepare(rtx4090=False)
     return testbed
+
+
+def site(name: str = HOST, venv: str = VENV) -> str:
+    """A venv's site-packages on that host, made with the guest's own Python (it is asked)."""
+    return guest.site_packages(load_state().hosts[name], venv)
+
+
+def qwen(name: str = HOST, venv: str = VENV) -> str:
+    return f"{site(name, venv)}/vllm/model_executor/models/qwen3_5.py"
 
 
 def converge(data: dict | None = None, limit: str = HOST, *args: str):
@@ -112,7 +119,7 @@ def test_venv_holds_the_pinned_real_wheels(bf16, th):
     assert versions == "2.11.0 0.24.0"
     cuda = host.check_output(
         f'{VENV}/bin/python -c "import runpy; '
-        f"print(runpy.run_path('{SITE}/torch/version.py')['cuda'])\""
+        f"print(runpy.run_path('{site()}/torch/version.py')['cuda'])\""
     )
     assert cuda == "13.0"
     assert host.file(f"{VENV}/bin/vllm").exists
@@ -121,8 +128,8 @@ def test_venv_holds_the_pinned_real_wheels(bf16, th):
 def test_qwen3_5_is_patched_with_its_orig(bf16, th):
     host = th(HOST)
     recorded = recorded_patch("0.24.0")
-    assert sha256_on(host, QWEN) == recorded.patched_sha256
-    assert sha256_on(host, f"{QWEN}.orig") == recorded.pristine_sha256
+    assert sha256_on(host, qwen()) == recorded.patched_sha256
+    assert sha256_on(host, f"{qwen()}.orig") == recorded.pristine_sha256
     shipped = wheel_member(vllm_wheel("0.24.0"), "vllm/model_executor/models/qwen3_5.py")
     assert hashlib.sha256(shipped).hexdigest() == recorded.pristine_sha256
 
@@ -310,21 +317,21 @@ def test_patch_refusal_fails_only_that_host(bf16, th):
     shipped = wheel_member(wheel, "vllm/model_executor/models/qwen3_5.py")
     metadata = wheel_member(wheel, "vllm-0.24.0.dist-info/METADATA")
     venv = "/tmp/sf-patch-venv"
-    site = f"{venv}/lib/python3.11/site-packages"
     other = "rtx4090-1"
     for name in (HOST, other):
         host = th(name)
+        where = site(name, venv)
         host.run(
-            f"rm -rf {venv}; mkdir -p {site}/vllm/model_executor/models "
-            f"{site}/vllm-0.24.0.dist-info {venv}/bin && ln -s /usr/bin/python3 {venv}/bin/python"
+            f"rm -rf {venv}; mkdir -p {where}/vllm/model_executor/models "
+            f"{where}/vllm-0.24.0.dist-info {venv}/bin && ln -s /usr/bin/python3 {venv}/bin/python"
         )
         rec = load_state().hosts[name]
         for data, path in (
-            (shipped, f"{site}/vllm/model_executor/models/qwen3_5.py"),
-            (metadata, f"{site}/vllm-0.24.0.dist-info/METADATA"),
+            (shipped, qwen(name, venv)),
+            (metadata, f"{where}/vllm-0.24.0.dist-info/METADATA"),
         ):
             subprocess.run([*tb_hosts.ssh_args(rec), f"cat > {path}"], input=data, check=True)
-    edited = f"{site}/vllm/model_executor/models/qwen3_5.py"
+    edited = qwen(HOST, venv)
     th(HOST).run(f"echo '# local edit' >> {edited}")
     edited_sha = sha256_on(th(HOST), edited)
 
@@ -357,6 +364,6 @@ def test_patch_refusal_fails_only_that_host(bf16, th):
     assert f"[{other}] Success" in output
     assert sha256_on(th(HOST), edited) == edited_sha
     assert not th(HOST).file(f"{edited}.orig").exists
-    assert sha256_on(th(other), edited) == recorded_patch("0.24.0").patched_sha256
+    assert sha256_on(th(other), qwen(other, venv)) == recorded_patch("0.24.0").patched_sha256
     for name in (HOST, other):
         th(name).run(f"rm -rf {venv}")

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from servefleet_dev.testbed import hosts, lifecycle, state as tb_state
+from servefleet.core import sandbox
+from servefleet_dev.testbed import hosts, lifecycle, platforms, state as tb_state
 from servefleet_dev.testbed.image import ADMIN_USER
 from servefleet_dev.testbed.state import known_hosts_path, load_state
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT
@@ -207,13 +208,10 @@ def test_rm_and_down_of_a_dozen_hosts_stop_exactly_theirs(testbed):
     assert info["subnet"] not in routes
 
 
-def test_guests_enforce_the_units_device_policy(testbed):
-    """A guest's systemd enforces DevicePolicy=/DeviceAllow= (nspawn allows bpf(): hosts.
-    DEVICE_POLICY_ARGS): the product's own sandbox, as its probe applies it before a restart,
-    is denied a device the guest really has, and reaches it once that device is allowed."""
-    from servefleet.core import sandbox
-
-    rec = testbed.hosts["rtx4090-1"]
+def assert_device_policy_enforced(rec):
+    """The product's own sandbox, as its probe applies it before a restart, is denied a device
+    the guest really has (EPERM: the device filter), and reaches it once that device is
+    allowed."""
     assert ssh(rec, "test -c /dev/net/tun").returncode == 0  # nspawn gives every guest one
     # nspawn makes it root's only (0600): open to all, so the device list alone is in the way
     # (file modes are checked first, and would deny with EACCES before the device filter runs).
@@ -238,3 +236,52 @@ def test_guests_enforce_the_units_device_policy(testbed):
         )
     finally:
         ssh(rec, "chmod 0600 /dev/net/tun")
+
+
+def test_guests_enforce_the_units_device_policy(testbed):
+    """A guest's systemd enforces DevicePolicy=/DeviceAllow= (nspawn allows bpf(): hosts.
+    DEVICE_POLICY_ARGS)."""
+    assert_device_policy_enforced(testbed.hosts["rtx4090-1"])
+
+
+# Issue #29's platforms, on this worker's instance: Debian 13 native, Debian 12 arm64 emulated.
+TRIXIE, ARM64 = "rtx4090-7@trixie", "spark-7@bookworm-arm64"
+
+
+def test_a_debian_13_guest_and_an_arm64_guest(testbed):
+    """Each is the release and architecture its name asks for, booted to `running`, reached as
+    the sudo admin with its pinned host key; the Debian 13 guest's systemd (257, under this
+    machine's nspawn 252) enforces the units' device policy as Debian 12's does."""
+    quiet = lambda m: None  # noqa: E731
+    names = [platforms.parse(n).name for n in (TRIXIE, ARM64)]
+    try:
+        trixie, arm = (lifecycle.add(n, log=quiet) for n in (TRIXIE, ARM64))
+        rows = {r["name"]: r for r in lifecycle.status()}
+        assert (rows[trixie.name]["release"], rows[trixie.name]["arch"]) == ("trixie", "amd64")
+        assert (rows[arm.name]["release"], rows[arm.name]["arch"]) == ("bookworm", "arm64")
+        facts = "grep -E '^(VERSION_CODENAME|VERSION_ID)=' /etc/os-release; uname -m; hostname"
+        assert ssh(trixie, facts).stdout.split() == [
+            'VERSION_ID="13"',
+            "VERSION_CODENAME=trixie",
+            "x86_64",
+            trixie.name,
+        ]
+        assert ssh(arm, facts).stdout.split() == [
+            'VERSION_ID="12"',
+            "VERSION_CODENAME=bookworm",
+            "aarch64",
+            arm.name,
+        ]
+        pinned = known_hosts_path().read_text()
+        for rec in (trixie, arm):
+            assert rows[rec.name]["systemd"] == "running", rows[rec.name]
+            # The admin's login checks the guest's key against the one pinned at its creation.
+            own = ssh(rec, "cut -d' ' -f1,2 /etc/ssh/ssh_host_ed25519_key.pub").stdout.strip()
+            assert f"{rec.address} {own}\n" in pinned
+            who = ssh(rec, "id -un; sudo -n id -un", user=ADMIN_USER)
+            assert who.returncode == 0 and who.stdout.split() == [ADMIN_USER, "root"], who.stderr
+        assert_device_policy_enforced(trixie)
+    finally:
+        for name in names:
+            if name in load_state().hosts:
+                lifecycle.rm(name, log=quiet)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 
 from pyinfra.api import FactBase
 
@@ -60,7 +61,8 @@ def together(facts: list[tuple[type, dict]], nonce: str = "5f1e0c2a9b7d3e41"):
 
 def test_batched_answers_equal_one_by_one(tmp_path):
     venv = tmp_path / "venv"
-    meta = venv / "lib/python3.11/site-packages/uv-0.13.9.dist-info/METADATA"
+    site = venv / f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
+    meta = site / "uv-0.13.9.dist-info/METADATA"
     meta.parent.mkdir(parents=True)
     meta.write_text("Metadata-Version: 2.4\nName: uv\nVersion: 0.13.9\n\nVersion: 9.9 (body)\n")
     (tmp_path / "a file").write_text("x")

@@ -16,9 +16,11 @@ from servefleet.core.node import others_may_write, parse_path_chain, root_only_p
 from servefleet.facts import batch
 from servefleet.facts.node import PathChain
 
-REAL = {
-    # /usr/bin/python3 -> python3.11: the link's own 777 means nothing, its target is root's.
-    "/usr/bin/python3": """\
+# /usr/bin/python3 as the PathChain fact read it on a testbed guest of each Debian release: a
+# link to that release's own python3.X (what the node reports; the link's own 777 means nothing,
+# its target is root's).
+PYTHON3 = {
+    "bookworm": """\
 W|symbolic link|0|root|777|/usr/bin/python3
 W|directory|0|root|755|/usr/bin
 W|directory|0|root|755|/usr
@@ -28,6 +30,20 @@ R|directory|0|root|755|/usr/bin
 R|directory|0|root|755|/usr
 R|directory|0|root|755|/
 """,
+    "trixie": """\
+W|symbolic link|0|root|777|/usr/bin/python3
+W|directory|0|root|755|/usr/bin
+W|directory|0|root|755|/usr
+W|directory|0|root|755|/
+R|regular file|0|root|755|/usr/bin/python3.13
+R|directory|0|root|755|/usr/bin
+R|directory|0|root|755|/usr
+R|directory|0|root|755|/
+""",
+}
+
+REAL = {
+    "/usr/bin/python3": PYTHON3["bookworm"],
     # Not made yet: judged by the directories above it (root makes it).
     "/var/cache/sf-demo/missing/uv": """\
 W|directory|0|root|755|/var/cache/sf-demo
@@ -96,16 +112,20 @@ def problem(path: str, key: str = "uv_cache_dir") -> str | None:
     return root_only_problem(key, path, parse_path_chain(REAL[path].splitlines()))
 
 
-def test_the_chain_parses():
-    chains = parse_path_chain(REAL["/usr/bin/python3"].splitlines())
+@pytest.mark.parametrize("release", sorted(PYTHON3))
+def test_the_chain_parses(release):
+    capture = PYTHON3[release].splitlines()
+    chains = parse_path_chain(capture)
     assert [e["path"] for e in chains["W"]] == ["/usr/bin/python3", "/usr/bin", "/usr", "/"]
     assert chains["R"][0] == {
         "type": "regular file",
         "uid": 0,
         "user": "root",
         "mode": "755",
-        "path": "/usr/bin/python3.11",
+        "path": capture[4].rsplit("|", 1)[1],  # the release's python3.X, as the node read it
     }
+    assert chains["R"][0]["path"].startswith("/usr/bin/python3.")
+    assert root_only_problem("python_interpreter", "/usr/bin/python3", chains) is None
 
 
 @pytest.mark.parametrize("path", ["/usr/bin/python3", "/var/cache/sf-demo/missing/uv"])

@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # Host tools bin/setup looks for (then apt-get installs the missing ones): present as no-ops.
 TOOLS = (
-    "mmdebstrap systemd-nspawn slirp4netns ip iptables ssh rsync ccache cmake g++ make git"
+    "mmdebstrap systemd-nspawn slirp4netns ip iptables ssh rsync ccache cmake g++ make git qemu-aarch64-static"
 ).split()
 REAL = ("dirname", "rm", "mkdir", "chmod", "cat")  # what the script and the shims run
 
@@ -28,8 +28,10 @@ case "$1" in
     if [ "$2" = venv ]; then
       mkdir -p "$3/bin" && cat "$0" > "$3/bin/python" && chmod +x "$3/bin/python"
       echo "venv $3 Python {version}" >> {log}
-    else
+    elif [ "$2" = pip ]; then
       shift 2; echo "pip {version} $*" >> {log}
+    else
+      echo "module $2 Python {version}" >> {log}  # e.g. the testbed's binfmt registration
     fi ;;
 esac
 """
@@ -112,4 +114,5 @@ def test_a_python3_new_enough_is_used_and_a_good_venv_kept(sandbox):
     assert log.read_text().splitlines() == [
         "pip 3.12.3 install -q --upgrade pip",
         "pip 3.12.3 install -q -e .[test]",
+        "module servefleet_dev.testbed.binfmt Python 3.12.3",  # by the kept venv's Python
     ]

@@ -149,8 +149,8 @@ def test_torch_cuda_fact_reads_the_real_version_py(tmp_path):
     from servefleet_dev.testing.wheels import wheel_member
 
     # PyPI's torch 2.11.0 wheel, the testbed's: from the cache, downloaded once when missing.
-    wheel = torch_wheel()
-    site = tmp_path / "venv/lib/python3.11/site-packages"
+    wheel = torch_wheel(f"{sys.version_info[0]}.{sys.version_info[1]}")  # the venv's python
+    site = tmp_path / f"venv/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
     (site / "torch").mkdir(parents=True)
     (site / "torch/version.py").write_bytes(wheel_member(wheel, "torch/version.py"))
     (tmp_path / "venv/bin").mkdir()
@@ -511,7 +511,7 @@ def test_health_gives_up_after_its_timeout():
 
 def fake_uv(tmp_path: Path, venv: Path, torch: str, cuda: str) -> Path:
     """A stand-in for uv that 'installs' torch/vLLM dist-info (and torch/version.py) into venv."""
-    site = venv / "lib" / "python3.11" / "site-packages"
+    site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     script = tmp_path / "uv"
     script.write_text(f"""#!/bin/sh
 echo "$@" >> {tmp_path}/uv.log

@@ -58,7 +58,9 @@ def free_port() -> int:
 
 
 def make_venv(root: Path, version: str) -> Path:
-    meta = root / "lib" / "python3.11" / "site-packages" / f"vllm-{version}.dist-info" / "METADATA"
+    # The layout a venv made by this interpreter has (the stand-in reads any python3.X).
+    site = root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    meta = site / f"vllm-{version}.dist-info" / "METADATA"
     meta.parent.mkdir(parents=True)
     meta.write_text(f"Metadata-Version: 2.4\nName: vllm\nVersion: {version}\nSummary: x\n\nbody\n")
     return root
