@@ -157,6 +157,7 @@ E2E_HALVES = {
         "test_security",
         "test_status_bench",
         "test_rebuild",
+        "test_demo",
         "test_spark_llamacpp",
         "test_zz_teardown",
     ],

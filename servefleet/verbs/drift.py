@@ -33,6 +33,7 @@ class HostReport:
     status: str = IN_SYNC  # in_sync | drifted | unchecked
     error: str | None = None
     items: list[Item] = field(default_factory=list)
+    unreachable: bool = False  # unchecked because not connected (else a fact failed)
 
 
 @dataclass
@@ -135,6 +136,7 @@ def check(
                 report.hosts[host.name] = HostReport(host.name)
             for name, why in sess.unreachable.items():
                 report.hosts[name].status, report.hosts[name].error = UNCHECKED, why
+                report.hosts[name].unreachable = True
 
             def load(host):
                 exec_file(deploy_path)

@@ -252,6 +252,7 @@ class HostOutcome:
     changed: int = 0  # operations that ran commands
     operations: int = 0
     error: str | None = None
+    unreachable: bool = False  # not connected: error says why
 
 
 def load_deploy(sess: Session, deploy: str) -> None:
@@ -270,7 +271,9 @@ def execute(sess: Session) -> dict[str, HostOutcome]:
     outcomes = {}
     for host in sess.targets:
         if host.name in sess.unreachable:
-            outcomes[host.name] = HostOutcome(host.name, False, error=sess.unreachable[host.name])
+            outcomes[host.name] = HostOutcome(
+                host.name, False, error=sess.unreachable[host.name], unreachable=True
+            )
             continue
         ops = state.ops.get(host, {})
         changed = sum(
@@ -305,4 +308,7 @@ def converge(
             if on_operation is not None:
                 sess.state.add_callback_handler(OperationProgress(on_operation))
             return execute(sess)
-        return {n: HostOutcome(n, False, error=why) for n, why in sess.unreachable.items()}
+        return {
+            n: HostOutcome(n, False, error=why, unreachable=True)
+            for n, why in sess.unreachable.items()
+        }

@@ -37,6 +37,7 @@ class NodeStatus:
     release_perf: dict | None = None  # bench figures its last gated rollout recorded (core.perf)
     previous_release_perf: dict | None = None
     error: str | None = None
+    unreachable: bool = False  # not connected: error says why
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,7 +97,10 @@ def status(inventory: str, limit=None) -> list[NodeStatus]:
     with api.session(inventory, limit) as sess:
         results = sess.each(node_status)
         roles = {h.name: _role(h) for h in sess.targets}
-        out = [NodeStatus(n, role=roles.get(n), error=why) for n, why in sess.unreachable.items()]
+        out = [
+            NodeStatus(n, role=roles.get(n), error=why, unreachable=True)
+            for n, why in sess.unreachable.items()
+        ]
         for name, res in results.items():
             out.append(
                 res

@@ -1,4 +1,4 @@
-"""`servefleet testbed up|add|rm|status|ssh|down`: the local fleet of real Debian hosts."""
+"""`servefleet testbed up|add|rm|stop|start|status|ssh|down`: the local fleet of real Debian hosts."""
 
 import json
 import os
@@ -27,6 +27,10 @@ def register(sub) -> None:
     add.add_argument("name", help="as in `up --hosts`: spark-9, spark-9@trixie-arm64")
     rm = tsub.add_parser("rm", help="stop and delete one host")
     rm.add_argument("name")
+    stop = tsub.add_parser("stop", help="power one host off, keeping its disk (a node down)")
+    stop.add_argument("name")
+    start = tsub.add_parser("start", help="boot a host that `stop` powered off")
+    start.add_argument("name")
     st = tsub.add_parser(
         "status", help="table of hosts: name, role, release, arch, address, systemd state"
     )
@@ -77,6 +81,11 @@ def run(args) -> int:
             print_status(lifecycle.status())
         elif args.action == "rm":
             lifecycle.rm(args.name, log=_log)
+        elif args.action == "stop":
+            lifecycle.stop(args.name, log=_log)
+        elif args.action == "start":
+            lifecycle.start(args.name, log=_log)
+            print_status(lifecycle.status())
         elif args.action == "status":
             rows = lifecycle.status()
             if args.json:

@@ -170,8 +170,9 @@ def up(names=DEFAULT_HOSTS, log=print) -> TestbedState:
     with locked():
         state = load_state()
         _check_platforms(state, specs)
-        if state.network_up and not all(_alive(h.pid) for h in state.hosts.values()):
-            # An unclean stop left a half testbed behind: clear it, keep the hosts' disks.
+        if state.network_up and any(h.pid and not _alive(h.pid) for h in state.hosts.values()):
+            # An unclean stop left a half testbed behind: clear it, keep the hosts' disks. (A
+            # host `stop` powered off has no supervisor on record: it is only booted again.)
             log("recovering from an unclean stop")
             _teardown(state, keep_disks=True)
             state = load_state()
@@ -211,6 +212,32 @@ def rm(name: str, log=print) -> None:
         hosts.forget_host_key(rec)
         save_state(state)
         log(f"removed {name}")
+
+
+def stop(name: str, log=print) -> None:
+    """Power one host off, as a machine that goes down: its disk and address are kept, the
+    others run on; `start` (or `up`) boots it again."""
+    with locked():
+        state = load_state()
+        rec = state.hosts.get(name)
+        if rec is None:
+            raise ValueError(f"no testbed host named {name}")
+        hosts.stop(name, rec.pid)
+        rec.pid = None
+        save_state(state)
+    log(f"stopped {name}")
+
+
+def start(name: str, log=print) -> HostRecord:
+    """Boot a host that `stop` powered off (a running one is left as it is)."""
+    with locked():
+        state = load_state()
+        if not state.network_up:
+            raise RuntimeError("the testbed is not up: run `servefleet testbed up` first")
+        if name not in state.hosts:
+            raise ValueError(f"no testbed host named {name}")
+        _boot(state, [HostSpec(name)], log)  # with the release and arch it was created with
+        return state.hosts[name]
 
 
 def status() -> list[dict]:
