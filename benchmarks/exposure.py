@@ -40,8 +40,8 @@ SCORE = re.compile(r"Overall exposure level for \S+: ([\d.]+) (\S+)")
 
 def units(require_gpu: bool) -> dict[str, str]:
     """{unit file name: text} of both units, from the shipped group data of their role."""
-    spark = {**group_data("all", "spark"), "require_gpu": require_gpu}
-    rtx = {**group_data("all", "rtx4090"), "require_gpu": require_gpu}
+    spark = {**group_data("all", "spark", "vllm"), "require_gpu": require_gpu}
+    rtx = {**group_data("all", "rtx4090", "llamacpp"), "require_gpu": require_gpu}
     return {
         vllm.UNIT: render_unit(
             "files/vllm/servefleet-vllm.service.j2", vllm.unit_context(spark, MODEL)

@@ -50,7 +50,7 @@ def testbed_data() -> dict:
     import runpy
 
     data = {}
-    for name in ("all", "rtx4090", "testbed_rtx4090", "testbed"):
+    for name in ("all", "rtx4090", "llamacpp", "testbed_llamacpp", "testbed"):
         data.update(
             {
                 k: v

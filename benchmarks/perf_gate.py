@@ -277,7 +277,7 @@ def main() -> int:
         if args.traces:
             Path(args.traces).write_text(json.dumps(traces))
     data = {}
-    for group in ("all", "rtx4090", "testbed_rtx4090", "testbed"):
+    for group in ("all", "rtx4090", "llamacpp", "testbed_llamacpp", "testbed"):
         data.update(load_group(group))
     th = perf.Settings.of(data).thresholds
     print(

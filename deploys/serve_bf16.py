@@ -1,11 +1,12 @@
-# A bare DGX Spark -> Qwen/Qwen-AgentWorld-35B-A3B served in BF16 by vLLM, step by step.
+# vLLM's recipe, step by step: on a bare DGX Spark, Qwen/Qwen-AgentWorld-35B-A3B served in BF16
+# (on any node whose engine is vLLM: what it serves is data).
 #   pyinfra inventory/spark.py deploys/serve_bf16.py
-# Knobs: group_data/spark.py (docs/recipes.md, Recipe 1).
+# Knobs: group_data/spark.py (the node), group_data/vllm.py (docs/recipes.md, Recipe 1).
 # A failing check stops only the host concerned.
 from servefleet.engines.vllm import steps as vllm
 from servefleet.recipes import base
 
-if base.begin("serve_bf16"):  # data checked; hosts of other roles: a visible no-op
+if vllm.begin():  # data checked; hosts of another engine: a visible no-op
     # Base: preflight (aarch64, GPU + driver, disk), OS packages, the account and tree, uv.
     base.node_base()
 

@@ -11,8 +11,11 @@ models_root = None  # where model revisions live; None: {servefleet_root}/models
 require_gpu = True  # fail a host without an NVIDIA GPU (False: the testbed, CPU-only checks)
 min_driver_version = 580  # oldest NVIDIA driver major version the recipes accept
 expected_arch = None  # CPU architecture the recipe is built for (x86_64 | aarch64), None: any
-min_free_disk_bytes = 5 * 1024**3  # free space needed under servefleet_root for the base tree
-usable_memory_bytes = None  # memory the serving engine may use; None: read from the host
+min_free_disk_bytes = 5 * 1024**3  # free space needed under servefleet_root for the base tree and an engine's install
+usable_memory_bytes = None  # memory the serving engine may use; None: from the host, as memory_model says
+memory_model = "discrete"  # discrete: the engine plans with the GPU's own memory; unified: with system memory (GB10)
+gpu_memory_bytes = None  # one GPU's memory, used where nvidia-smi reports none (unified memory, no GPU); None: system memory
+cuda_architectures = None  # CMAKE_CUDA_ARCHITECTURES of builds for this GPU ("89", "90;121"); None: the build's own
 
 # --- OS packages and Python (distro-specific names are data) --------------------------------
 os_packages = {  # apt packages per distro family, installed by deploys/base.py
@@ -33,7 +36,6 @@ service_state = "running"  # running | stopped: stopped provisions everything bu
 service_enabled = True  # start the service at boot
 service_syscall_filter = ["@system-service"]  # the units' SystemCallFilter= (allow list first, then "~@group" removals); checked by the sandbox probe before each restart
 service_host = "127.0.0.1"  # address the API binds to; any other than loopback requires api_key_file
-service_port = 8000  # port of the OpenAI-compatible API
 api_key_file = None  # operator-side file holding the API key (one line); None: no key (loopback only)
 health_timeout_s = 600  # seconds a (re)started service may take to answer /health 200
 health_settle_s = 30  # seconds a service must stay healthy after a start before it counts as up
@@ -56,11 +58,11 @@ depot_host = None  # inventory name of the depot when model_source = "depot"
 huggingface_hub_version = "2.4.0"  # hub client (`hf` CLI) installed into the tools venv
 download_margin_bytes = 2 * 1024**3  # free disk required beyond a download, or the host fails
 hub_timeout_seconds = 30  # operator-side hub API requests (revision -> sha, file list)
-model_repo = None  # hub repo id of the model (deploys/model.py: required, e.g. "org/name")
 model_revision = "main"  # branch, tag or 40-hex commit sha (pin a sha for a reproducible fleet)
 model_include = ["*"]  # glob patterns of the repo's files to fetch
-model_file = None  # the one file a GGUF recipe serves, inside model_repo
-served_model_name = None  # the model name clients send; set by each serving role
+
+# --- The roofline of `servefleet bench` (bandwidth: the node class's; bytes per token: the model's)
+memory_bandwidth_bytes_per_s = None  # memory bandwidth of the GPU (or unified memory); None: no roofline
 
 # --- Depot ----------------------------------------------------------------------------------
 depot_user = "sfdepot"  # on the depot: read-only rsync account nodes copy models through

@@ -1,19 +1,9 @@
 # The lent H200 as a GPU node of the 4090 recipe (tests/device/gpunode.sh; docs/evidence.md):
 # a testbed guest image under real systemd with the GPU bound in, converged over SSH by
 # deploys/serve_q4_llamacpp.py with require_gpu = True (all.py). This file-name group is applied
-# after group_data/rtx4090.py; it changes only what that machine differs in: the GPU's
+# after group_data/rtx4090.py and group_data/llamacpp.py; it changes only what that machine differs in: the GPU's
 # architecture, and the carried mirror, wheelhouse and hub that replace the network there.
-llamacpp_cmake_flags = {  # group_data/rtx4090.py's flags, for the H200 (Hopper) in place of Ada
-    "GGML_CUDA": "ON",
-    "CMAKE_CUDA_ARCHITECTURES": "90",  # H200 (sm_90) in place of the 4090's 89
-    "GGML_NATIVE": "OFF",
-    "LLAMA_USE_PREBUILT_UI": "OFF",
-    "LLAMA_BUILD_UI": "OFF",
-    "BUILD_SHARED_LIBS": "OFF",
-    "LLAMA_BUILD_TESTS": "OFF",
-    "LLAMA_BUILD_EXAMPLES": "OFF",
-    "CMAKE_BUILD_TYPE": "Release",
-}
+cuda_architectures = "90"  # H200 (sm_90) in place of the 4090's 89
 llamacpp_git_url = "/var/cache/servefleet/git/llama.cpp.git"  # the carried mirror (no network there)
 llamacpp_tag = "b9785"  # the mirror's release (the testbed's pin: b9784 + 1 commit)
 llamacpp_commit = "8724b88a3cdc84e82e64d21fb95287ae91e0c512"  # = servefleet_dev.testing.llama_src.commits()["b9785"]

@@ -2,4 +2,4 @@
 # Every host's data is validated here, before pyinfra connects anywhere.
 from servefleet.fleet.inventory import fleet_groups
 
-(depot,) = fleet_groups(__file__, ["depot"])
+globals().update(fleet_groups(__file__))

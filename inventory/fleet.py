@@ -1,4 +1,5 @@
-# The whole fleet (inventory/fleet.yml): every host, grouped by role, validated before connecting.
+# The whole fleet (inventory/fleet.yml): every host, in its node class's group and its engine's,
+# validated before connecting.
 from servefleet.fleet.inventory import fleet_groups
 
-spark, rtx4090, depot = fleet_groups(__file__, ["spark", "rtx4090", "depot"])
+globals().update(fleet_groups(__file__))

@@ -1,7 +1,8 @@
-# The local testbed's hosts (`servefleet testbed up`), grouped by role, read from its state and
-# validated before anything connects. Group data applies in definition order, then the
+# The local testbed's hosts (`servefleet testbed up`), read from its state and validated before
+# anything connects. A host's role is its name's prefix: a node class (spark-1: its own engine)
+# or a class and an engine (spark-llamacpp-1). Group data applies in this order, then the
 # file-name group `testbed` last:
-#   group_data/<role>.py  <  group_data/testbed_<role>.py  <  group_data/testbed.py
+#   <class>.py  <  <engine>.py  <  testbed_<class>.py  <  testbed_<engine>.py  <  testbed.py
 from servefleet_dev.testbed.inventory import testbed_groups
 
-spark, rtx4090, depot, testbed_spark, testbed_rtx4090, testbed_depot = testbed_groups(__file__)
+globals().update(testbed_groups(__file__))

@@ -30,6 +30,7 @@ if _WORKER:
 
 import pytest  # noqa: E402
 
+from servefleet.fleet.registry import parse_role  # noqa: E402
 from servefleet_dev.testbed import (  # noqa: E402
     hosts as tb_hosts,
     lifecycle,
@@ -110,17 +111,20 @@ def th(testbed, ssh_key):
 @pytest.fixture
 def fleet_file(testbed, ssh_key, tmp_path):
     """Write an operator-style fleet.yml for testbed hosts: {name: (role, data overrides)},
-    reached like a real fleet (the admin with sudo, pinned host keys)."""
+    reached like a real fleet (the admin with sudo, pinned host keys). A role with an engine
+    (spark-llamacpp) is written as fleet.yml writes it: `role: spark`, `engine: llamacpp`."""
     import yaml
 
     def make(entries: dict) -> str:
         hosts = []
         for name, (role, data) in entries.items():
             rec = load_state().hosts[name]
+            cls, engine = parse_role(role)
             hosts.append(
                 {
                     "name": name,
-                    "role": role,
+                    "role": cls.name,
+                    **({"engine": engine.name} if engine and engine.name != cls.engine else {}),
                     "ssh_hostname": rec.address,
                     "ssh_port": rec.ssh_port,
                     "ssh_user": ADMIN_USER,
@@ -154,9 +158,10 @@ E2E_HALVES = {
         "test_status_bench",
         "test_rebuild",
         "test_demo",
+        "test_spark_llamacpp",
         "test_zz_teardown",
     ],
-    "e2e-llama": ["test_drift_recipes", "test_llamacpp", "test_rollout"],
+    "e2e-llama": ["test_drift_recipes", "test_llamacpp", "test_rollout", "test_rtx4090_vllm"],
 }
 _HALF_OF = {
     module: (half, pos)

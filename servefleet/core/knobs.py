@@ -32,3 +32,6 @@ class Knob:
     serving: bool = False  # changes what serves: part of a release's data digest
     scope: str = FLEET  # fleet | operational (set by a verb) | testbed (testbed hosts only)
     required_by: tuple[str, ...] = ()  # recipes for which None is not a value
+    # Its default depends on the engine (a port, the model): every engine's data file sets it,
+    # all.py and the node classes' files never do (tests/unit/test_contract.py).
+    per_engine: bool = False

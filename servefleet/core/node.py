@@ -296,7 +296,8 @@ def node_problems(*, arch: str, gpus: list[Gpu], free_disk: int, data) -> list[s
                     f"NVIDIA driver {old[0].driver_version} is older than the "
                     f"recipe's minimum {minimum}; upgrade the driver"
                 )
-    need = data.get("min_free_disk_bytes") or 0
+    # The node class's floor (base tree, an engine's install) and the model's (its weights).
+    need = (data.get("min_free_disk_bytes") or 0) + (data.get("model_min_free_disk_bytes") or 0)
     if free_disk < need:
         problems.append(
             f"{free_disk / 1024**3:.1f} GiB free under {data.get('servefleet_root')}, "
@@ -306,14 +307,18 @@ def node_problems(*, arch: str, gpus: list[Gpu], free_disk: int, data) -> list[s
 
 
 def usable_memory(data, memory: dict, gpus: list[Gpu]) -> int:
-    """Memory the engine may plan with: data wins; else the GPU's memory; else system memory.
-
-    On GB10 (unified memory) nvidia-smi reports no GPU memory, so system memory is used there.
-    """
+    """Memory the engine may plan with: data's usable_memory_bytes wins; else as the node class's
+    memory_model says. Unified (GB10: nvidia-smi reports no GPU memory): system memory.
+    Discrete: the smallest GPU's memory as nvidia-smi reports it, else the class's
+    gpu_memory_bytes (a 4090 on the testbed: no GPU to ask), else system memory."""
     if data.get("usable_memory_bytes"):
         return data["usable_memory_bytes"]
+    if data.get("memory_model", "discrete") == "unified":
+        return memory["total"]
     sized = [g.memory_bytes for g in gpus if g.memory_bytes]
-    return min(sized) if sized else memory["total"]
+    if sized:
+        return min(sized)
+    return data.get("gpu_memory_bytes") or memory["total"]
 
 
 def per_family(data, key: str, family: str, host_name: str):

@@ -34,6 +34,10 @@ from servefleet.fleet import registry
 _MODEL_INCLUDE = c.list_of(
     c.pattern("a glob pattern without spaces", r"[A-Za-z0-9._*?\[\]/-]+"), non_empty=True
 )
+# CMake's architecture list: "89", "90;121", "120a".
+_CUDA_ARCHS = c.pattern(
+    "a CUDA architecture list like 89 or 90;121", r"[0-9]{2,3}[af]?(;[0-9]{2,3}[af]?){0,7}"
+)
 _HOST_ADDRESS = c.pattern("an IP address or host name", r"[A-Za-z0-9][A-Za-z0-9.:-]*")
 _DEPOT_MODEL = c.Check(
     'a list of {"repo_id": "org/name", "revision": "main" or a sha, "include": [globs]}',
@@ -73,7 +77,11 @@ SHARED: tuple[Knob, ...] = (
     K("min_driver_version", c.integer(1, 100000), (BASE,)),
     K("expected_arch", c.optional(c.one_of("x86_64", "aarch64")), (BASE,)),
     K("min_free_disk_bytes", c.size(0, c.BYTES_MAX), (BASE,)),
+    K("model_min_free_disk_bytes", c.size(0, c.BYTES_MAX), (BASE,), per_engine=True),
     K("usable_memory_bytes", c.optional(c.size(1, c.BYTES_MAX)), ()),
+    K("memory_model", c.one_of("unified", "discrete"), ()),
+    K("gpu_memory_bytes", c.optional(c.size(1, c.BYTES_MAX)), ()),
+    K("cuda_architectures", c.optional(_CUDA_ARCHS), (), serving=True),
     # --- OS packages and Python ----------------------------------------------------------------
     K("os_packages", c.dict_of(c.NAME, c.list_of(c.NAME)), (BASE,)),
     K("python_interpreter", c.dict_of(c.NAME, c.TEXT), (BASE,)),
@@ -83,77 +91,23 @@ SHARED: tuple[Knob, ...] = (
     K("pip_find_links", c.list_of(c.TEXT), (BASE,)),
     K("python_no_deps", c.BOOL, (BASE,)),
     # --- service (both serving recipes) --------------------------------------------------------
-    K(
-        "service_state",
-        c.one_of("running", "stopped"),
-        (
-            SERVE,
-            ROLLOUT,
-        ),
-        serving=True,
-    ),
+    K("service_state", c.one_of("running", "stopped"), (SERVE, ROLLOUT), serving=True),
     K("service_enabled", c.BOOL, (SERVE,), serving=True),
-    K(
-        "service_host",
-        c.IP,
-        (
-            SERVE,
-            BENCH,
-        ),
-        serving=True,
-    ),
-    K(
-        "service_port",
-        c.integer(1, 65535),
-        (
-            SERVE,
-            BENCH,
-        ),
-        serving=True,
-    ),
-    K(
-        "api_key_file",
-        c.optional(_FILE),
-        (
-            SERVE,
-            BENCH,
-        ),
-    ),
+    K("service_host", c.IP, (SERVE, BENCH), serving=True),
+    K("service_port", c.integer(1, 65535), (SERVE, BENCH), serving=True, per_engine=True),
+    K("api_key_file", c.optional(_FILE), (SERVE, BENCH)),
     K(
         "served_model_name",
         c.optional(c.SERVED_NAME),
-        (
-            SERVE,
-            BENCH,
-        ),
+        (SERVE, BENCH),
         serving=True,
         required_by=(SERVE,),
+        per_engine=True,
     ),
     K("service_syscall_filter", _SYSCALL_FILTER, (SERVE,), serving=True),
-    K(
-        "health_timeout_s",
-        c.integer(1, c.SECONDS_MAX),
-        (
-            SERVE,
-            ROLLOUT,
-        ),
-    ),
-    K(
-        "health_settle_s",
-        c.integer(0, 86400),
-        (
-            SERVE,
-            ROLLOUT,
-        ),
-    ),
-    K(
-        "releases_keep",
-        c.integer(1, 100),
-        (
-            SERVE,
-            ROLLOUT,
-        ),
-    ),
+    K("health_timeout_s", c.integer(1, c.SECONDS_MAX), (SERVE, ROLLOUT)),
+    K("health_settle_s", c.integer(0, 86400), (SERVE, ROLLOUT)),
+    K("releases_keep", c.integer(1, 100), (SERVE, ROLLOUT)),
     # --- the rollout's performance gate (servefleet.core.perf) ---------------------------------
     K("perf_gate", c.BOOL, (ROLLOUT,)),
     K("perf_gate_runs", c.integer(1, 100), (ROLLOUT, BENCH)),
@@ -176,6 +130,7 @@ SHARED: tuple[Knob, ...] = (
         (SERVE, MODEL),
         serving=True,
         required_by=(SERVE, MODEL),
+        per_engine=True,
     ),
     K("model_revision", c.REVISION, (SERVE, MODEL), serving=True),
     K("model_include", _MODEL_INCLUDE, (MODEL,), serving=True),
@@ -188,7 +143,7 @@ SHARED: tuple[Knob, ...] = (
     K("depot_models", _DEPOT_MODEL, (DEPOT,)),
     # --- the roofline of `servefleet bench` (the node class's bandwidth, the model's bytes) -----
     K("memory_bandwidth_bytes_per_s", c.optional(c.size(1, c.BYTES_MAX)), (BENCH,)),
-    K("bytes_per_token", c.optional(c.size(1, c.BYTES_MAX)), (BENCH,)),
+    K("bytes_per_token", c.optional(c.size(1, c.BYTES_MAX)), (BENCH,), per_engine=True),
     # --- operational: set by a verb, not by operators ------------------------------------------
     K("purge_models", c.BOOL, (REBUILD,), scope=OPERATIONAL),
     K("previous_release", c.BOOL, (ROLLBACK,), scope=OPERATIONAL),

@@ -1,7 +1,8 @@
 """The operator's fleet file (inventory/fleet.yml) as pyinfra groups, validated at load.
 
-inventory/*.py call `fleet_groups()`; it reads fleet.yml strictly, builds one group per role,
-and validates every host's whole data (group_data files, the host's `data:`, `--data`) against
+inventory/*.py call `fleet_groups()`; it reads fleet.yml strictly, puts each host in its node
+class's group and its engine's (a role is a class with an engine: `role: spark` serves with the
+class's engine, `engine: llamacpp` names another; the depot is a class without one), and validates every host's whole data (group_data files, the host's `data:`, `--data`) against
 the contract before pyinfra connects anywhere. A problem stops the run with one line naming
 the file, the host, the key and the fix (exit 2 from the pyinfra CLI).
 """
@@ -22,11 +23,13 @@ from pyinfra_cli.util import parse_cli_arg
 from servefleet.core import groupdata, host_keys, project, validate as c
 from servefleet.core.errors import DataError, Exit
 from servefleet.core.fleet_yaml import FleetError, read_yaml, show as _show
+from servefleet.engines import ENGINES
 from servefleet.fleet.data import HostData, Layer, recipe_of, validate
 from servefleet.fleet.nodes import NODE_CLASSES
 
-# The roles fleet.yml names: the node classes (servefleet.fleet.nodes).
+# The roles fleet.yml names: the node classes (servefleet.fleet.nodes); `engine:` the engines.
 ROLES = tuple(n.name for n in NODE_CLASSES)
+ENGINE_NAMES = tuple(e.name for e in ENGINES)
 # pyinfra's own SSH connector keys, as the operator writes them in fleet.yml.
 SSH_KEYS = {
     "ssh_hostname": str,
@@ -38,7 +41,7 @@ SSH_KEYS = {
     "ssh_strict_host_key_checking": str,
     "ssh_paramiko_connect_kwargs": dict,
 }
-ENTRY_KEYS = {"name", "role", "sudo", "data", *SSH_KEYS}
+ENTRY_KEYS = {"name", "role", "engine", "sudo", "data", *SSH_KEYS}
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # What each string connection key may hold: exact forms (a value starting with '-' would be read
 # as an option by a command it reaches; DEL and bidi controls are never part of a name).
@@ -105,7 +108,8 @@ def run_context() -> RunContext:
 @dataclass
 class FleetHost:
     name: str
-    role: str
+    role: str  # its node class
+    engine: str | None  # the engine it serves with (its class's unless fleet.yml names one)
     connection: dict  # pyinfra's ssh_* keys and _sudo
     data: dict  # the entry's `data:` overrides
     where: str  # "inventory/fleet.yml: hosts[0] (spark-01)"
@@ -113,6 +117,19 @@ class FleetHost:
 
 def _fail(path, where, problem):
     raise FleetError(f"{path}: {where}: {problem}")
+
+
+def _engine(path, where: str, role: str, entry: dict) -> str | None:
+    """The entry's engine: `engine:` when it names one, else its class's own."""
+    cls = next(n for n in NODE_CLASSES if n.name == role)
+    if "engine" not in entry:
+        return cls.engine
+    engine = entry["engine"]
+    if cls.engine is None:
+        _fail(path, where, f"'engine' = {_show(engine)}: a {role} serves no engine; remove it")
+    if engine not in ENGINE_NAMES:
+        _fail(path, where, f"'engine' = {_show(engine)}: expected one of {', '.join(ENGINE_NAMES)}")
+    return engine
 
 
 def load_fleet(path: str | Path) -> list[FleetHost]:
@@ -166,6 +183,7 @@ def load_fleet(path: str | Path) -> list[FleetHost]:
         role = entry.get("role")
         if role not in ROLES:
             _fail(path, where, f"'role' = {_show(role)}: expected one of {', '.join(ROLES)}")
+        engine = _engine(path, where, role, entry)
         connection = {}
         for key, typ in SSH_KEYS.items():
             if key in entry:
@@ -212,7 +230,7 @@ def load_fleet(path: str | Path) -> list[FleetHost]:
         clash = sorted(k for k in overrides if k in SSH_KEYS or k.startswith("_"))
         if clash:
             _fail(path, where, f"'data' sets {clash}: put connection keys at the entry's top level")
-        hosts.append(FleetHost(name, role, connection, dict(overrides), f"{path}: {where}"))
+        hosts.append(FleetHost(name, role, engine, connection, dict(overrides), f"{path}: {where}"))
     return hosts
 
 
@@ -273,27 +291,54 @@ def stop_on_bad_input(func):
         raise
 
 
-def fleet_groups(inventory_file: str, roles: Sequence[str] = ROLES) -> list[list]:
-    """The (name, data) lists of `roles` from fleet.yml, validated; one list per role.
+def groups_of(role: str, engine: str | None, *more: str) -> list[str]:
+    """A host's groups in pyinfra's order, later groups' data winning: its node class, its
+    engine, then `more` (the testbed's, the inventory file's)."""
+    return [role, *([engine] if engine else []), *(g for g in more if g not in (role, engine))]
 
-    spark, = fleet_groups(__file__, ["spark"])          # inventory/spark.py
+
+def fleet_groups(inventory_file: str) -> dict[str, list]:
+    """pyinfra's groups of fleet.yml's hosts, validated: every node class's and engine's group
+    (class before engine: an engine's data wins over its class's). inventory/<class>.py takes
+    that class's hosts, any other inventory file (inventory/fleet.py) every host.
+
+        globals().update(fleet_groups(__file__))          # inventory/spark.py
     """
 
     def build():
         project.check_cwd(inventory_file)  # fleet.yml and group_data/ are read from here
         file_group = Path(inventory_file).stem
-        hosts = [h for h in load_fleet(fleet_path()) if h.role in roles]
+        hosts = [
+            h for h in load_fleet(fleet_path()) if file_group not in ROLES or h.role == file_group
+        ]
         validate_hosts(
             [
                 InventoryHost(
                     h.name,
-                    [h.role] + ([file_group] if file_group != h.role else []),
+                    groups_of(h.role, h.engine, file_group),
                     {**h.connection, **h.data},
                     h.where,
                 )
                 for h in hosts
             ]
         )
-        return [[(h.name, {**h.connection, **h.data}) for h in hosts if h.role == r] for r in roles]
+        entries = [(h.name, {**h.connection, **h.data}) for h in hosts]
+        return group_lists(entries, [groups_of(h.role, h.engine) for h in hosts], file_group)
 
     return stop_on_bad_input(build)
+
+
+def group_lists(
+    entries: list, groups: list[list[str]], keep: str = "", after: Sequence[str] = ()
+) -> dict[str, list]:
+    """{group: [(name, data)]} in the registry's order (classes, then engines, then `after`,
+    then the rest as first seen): pyinfra layers group data in that order. Empty groups are left
+    out but `keep` (the inventory file's own class, so that an empty one says it has no hosts)."""
+    order = [*ROLES, *ENGINE_NAMES, *after]
+    order += [g for gs in groups for g in gs if g not in order]
+    found: dict[str, list] = {}
+    for name in dict.fromkeys(order):
+        members = [e for e, gs in zip(entries, groups, strict=True) if name in gs]
+        if members or name == keep:
+            found[name] = members
+    return found

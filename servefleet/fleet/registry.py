@@ -57,6 +57,37 @@ def engine_of(groups: Iterable[str]) -> Engine | None:
     return engine(cls.engine) if cls is not None and cls.engine else None
 
 
+def role_name(groups: Iterable[str]) -> str | None:
+    """A host's role as status and the testbed name it: its node class, with `-<engine>` where
+    the engine is not the class's own (spark, spark-llamacpp)."""
+    groups = list(groups)
+    cls, served = node_class_of(groups), engine_of(groups)
+    if cls is None:
+        return None
+    return cls.name if served is None or served.name == cls.engine else f"{cls.name}-{served.name}"
+
+
+def parse_role(role: str) -> tuple[NodeClass, Engine | None]:
+    """`spark` -> (the class, its engine); `spark-llamacpp` -> (the class, that engine);
+    ValueError naming the forms for anything else."""
+    for cls in NODE_CLASSES:
+        if role == cls.name:
+            return cls, engine(cls.engine) if cls.engine else None
+        for e in ENGINES:
+            if cls.engine and role == f"{cls.name}-{e.name}":
+                return cls, e
+    raise ValueError(f"{role!r} is no role: expected one of {', '.join(role_names())}")
+
+
+def role_names() -> list[str]:
+    """Every role: each node class, and each class with an engine with each other engine."""
+    names = []
+    for cls in NODE_CLASSES:
+        names.append(cls.name)
+        names += [f"{cls.name}-{e.name}" for e in ENGINES if cls.engine and e.name != cls.engine]
+    return names
+
+
 def serving_deploys() -> tuple[str, ...]:
     return tuple(e.deploy for e in ENGINES)
 

@@ -44,12 +44,7 @@ class NodeStatus:
 
 
 def _role(host) -> str | None:
-    """The host's node class, and its engine where that is not the class's own."""
-    cls = registry.node_class_of(host.groups)
-    engine = registry.engine_of(host.groups)
-    if cls is None:
-        return None
-    return cls.name if engine is None or engine.name == cls.engine else f"{cls.name}-{engine.name}"
+    return registry.role_name(host.groups)
 
 
 def node_status(host) -> NodeStatus:

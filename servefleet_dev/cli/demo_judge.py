@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servefleet.core.drift_items import DRIFTED
+from servefleet.fleet.registry import parse_role, role_names
 from servefleet.verbs.bench import NodeResult
 from servefleet.verbs.drift import UNCHECKED, HostReport
 from servefleet.verbs.session import HostOutcome
@@ -13,7 +14,8 @@ from servefleet.verbs.status import NodeStatus
 from servefleet_dev.cli.demo_report import FAIL, PASS, UNREACHABLE
 
 Judged = tuple[str, str]
-SERVING_ROLES = ("spark", "rtx4090")
+# The roles that serve (a node class with an engine), from the registry.
+SERVING_ROLES = tuple(r for r in role_names() if parse_role(r)[1] is not None)
 
 
 def _plural(n: int, word: str) -> str:

@@ -63,7 +63,7 @@ OPERATOR_DIR = "/opt/sf-operator"  # in the tools chroot only; removed from the 
 def recipe_data() -> dict:
     """The data a GPU node of that group gets (later groups win), as pyinfra layers it."""
     out: dict = {}
-    for name in ("all", "rtx4090", GROUP):
+    for name in ("all", "rtx4090", "llamacpp", GROUP):
         out.update(load_group(name) or {})
     return out
 

@@ -4,7 +4,16 @@ depot on port 2222), validated like the operator's fleet before anything connect
 
 from __future__ import annotations
 
-from servefleet.fleet.inventory import ROLES, InventoryHost, stop_on_bad_input, validate_hosts
+from servefleet.fleet.inventory import (
+    ENGINE_NAMES,
+    ROLES,
+    InventoryHost,
+    group_lists,
+    groups_of,
+    stop_on_bad_input,
+    validate_hosts,
+)
+from servefleet.fleet.registry import parse_role
 from servefleet_dev.testbed import hosts
 from servefleet_dev.testbed.image import ADMIN_USER
 from servefleet_dev.testbed.state import known_hosts_path, load_state
@@ -25,31 +34,29 @@ def host_data(rec, hub_url: str | None) -> dict:
     return data
 
 
-def testbed_groups(inventory_file: str) -> list[list]:
-    """[spark, rtx4090, depot, testbed_spark, testbed_rtx4090, testbed_depot] host lists.
-
-    Group data applies in that order, then the file-name group `testbed` last:
-    group_data/<role>.py  <  group_data/testbed_<role>.py  <  group_data/testbed.py
+def testbed_groups(inventory_file: str) -> dict[str, list]:
+    """The testbed's hosts as pyinfra groups: each host's role (its name's prefix, e.g.
+    spark-llamacpp) is a node class and an engine; group data applies in that order, then the
+    testbed's files, then the file-name group `testbed` last:
+    group_data/<class>.py < <engine>.py < testbed_<class>.py < testbed_<engine>.py < testbed.py
     """
 
     def build():
         state = load_state()
         hub = state.services.get("hub", {}).get("url")
-        entries = [(rec, host_data(rec, hub)) for rec in state.hosts.values()]
+        entries, groups = [], []
+        for rec in state.hosts.values():
+            cls, engine = parse_role(rec.role)
+            names = [f"testbed_{cls.name}"] + ([f"testbed_{engine.name}"] if engine else [])
+            entries.append((rec.name, host_data(rec, hub)))
+            groups.append(groups_of(cls.name, engine.name if engine else None, *names))
         validate_hosts(
             [
-                InventoryHost(
-                    rec.name,
-                    [rec.role, f"testbed_{rec.role}", "testbed"],
-                    data,
-                    f"the testbed's state ({rec.name})",
-                )
-                for rec, data in entries
+                InventoryHost(name, [*gs, "testbed"], data, f"the testbed's state ({name})")
+                for (name, data), gs in zip(entries, groups, strict=True)
             ]
         )
-        by_role = [
-            [(rec.name, data) for rec, data in entries if rec.role == role] for role in ROLES
-        ]
-        return by_role + by_role
+        after = [f"testbed_{n}" for n in (*ROLES, *ENGINE_NAMES)]
+        return group_lists(entries, groups, after=after)
 
     return stop_on_bad_input(build)

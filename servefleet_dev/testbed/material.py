@@ -41,8 +41,8 @@ def load(*groups: str) -> dict:
     return out
 
 
-SPARK = load("all", "spark", "testbed_spark", "testbed")
-RTX4090 = load("all", "rtx4090", "testbed_rtx4090", "testbed")
+SPARK = load("all", "spark", "vllm", "testbed_vllm", "testbed")
+RTX4090 = load("all", "rtx4090", "llamacpp", "testbed_llamacpp", "testbed")
 
 
 def torch_wheel(python: str, arch: str = "amd64") -> Path:
@@ -124,7 +124,7 @@ def llama_mirror() -> dict[str, str]:
     found = commits()
     if found.get(RTX4090["llamacpp_tag"]) != RTX4090["llamacpp_commit"]:
         raise RuntimeError(
-            f"the testbed mirror holds {found}, but group_data/testbed_rtx4090.py "
+            f"the testbed mirror holds {found}, but group_data/testbed_llamacpp.py "
             f"pins {RTX4090['llamacpp_tag']} = {RTX4090['llamacpp_commit']}"
         )
     return found
@@ -149,7 +149,7 @@ def standin() -> str:
     if guest != SPARK["vllm_executable"]:
         raise RuntimeError(
             f"the stand-in is at {guest} in guests, but group_data/"
-            f"testbed_spark.py's vllm_executable is {SPARK['vllm_executable']}"
+            f"testbed_vllm.py's vllm_executable is {SPARK['vllm_executable']}"
         )
     return guest
 

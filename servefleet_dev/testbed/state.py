@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from servefleet.core.paths import cache_subdir
-from servefleet.fleet.inventory import ROLES  # the one list of roles
+from servefleet.fleet.registry import parse_role, role_names  # the roles: classes x engines
 from servefleet_dev.testbed.platforms import DEFAULT_ARCH, DEFAULT_RELEASE
 
 
@@ -109,11 +109,14 @@ def locked():
 
 
 def role_of(name: str) -> str:
-    """A host's role is the prefix of its name: spark-1 -> spark."""
+    """A host's role is the prefix of its name: spark-1 -> spark, spark-llamacpp-1 ->
+    spark-llamacpp (the node class spark serving with llama.cpp)."""
     role = name.rsplit("-", 1)[0] if "-" in name else name
-    if role not in ROLES:
+    try:
+        parse_role(role)
+    except ValueError:
         raise ValueError(
-            f"testbed host {name!r}: the name must start with a role ({', '.join(ROLES)}) "
+            f"testbed host {name!r}: the name must start with a role ({', '.join(role_names())}) "
             f"followed by '-N', e.g. spark-1"
-        )
+        ) from None
     return role

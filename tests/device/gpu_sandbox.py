@@ -63,11 +63,14 @@ def sh(cmd, check=True, **kw) -> subprocess.CompletedProcess:
 
 
 def data(role: str, **overrides) -> dict:
-    """group_data all + the role, as a GPU node of that role gets it, with overrides."""
+    """group_data all + the role's class and engine, as a GPU node of that role gets it, with
+    overrides."""
     from servefleet.core.groupdata import load_group
+    from servefleet.fleet.registry import parse_role
 
     os.chdir(REPO)
-    d = {**load_group("all"), **load_group(role)}
+    engine = parse_role(role)[1]
+    d = {**load_group("all"), **load_group(role), **(load_group(engine.name) if engine else {})}
     d.update(require_gpu=True, **overrides)
     return d
 

@@ -21,7 +21,7 @@
 #
 # CMake flags: group_data/rtx4090.py's llamacpp_cmake_flags with CMAKE_CUDA_ARCHITECTURES=90
 # (tests/device/llama_probe.py cmake-args); target llama-server only, -j16. Serve: the argv of
-# servefleet.engines.llamacpp.logic.unit_context for group_data all + rtx4090 + testbed_rtx4090 with
+# servefleet.engines.llamacpp.logic.unit_context for group_data all + rtx4090 + testbed_llamacpp with
 # llamacpp_server_args ["-ngl", "99"], rendered with /root/sfsite (pyinfra + gguf wheels from the
 # vLLM probe's payload) when it is installed; without it, assembled the same way and the flag
 # from the dev machine's lint (the summary says which).

@@ -9,7 +9,7 @@ cmake-args: group_data/rtx4090.py's llamacpp_cmake_flags (the RTX 4090 recipe, C
 CMAKE_CUDA_ARCHITECTURES=90 for the H200, joined as servefleet.engines.llamacpp.operations.build joins
 them (`-D{k}={v}`, sorted).
 
-render: data = group_data all + rtx4090 + testbed_rtx4090 (the tiny field GGUF, its name and
+render: data = group_data all + rtx4090 + testbed_llamacpp (the tiny field GGUF, its name and
 alias) with llamacpp_server_args = ["-ngl", "99"] (every layer on the GPU; the testbed's CPU
 build has none); the argv is servefleet.engines.llamacpp.logic.unit_context's ExecStart with the node's
 binary path replaced by BINARY; the flag is the project's GGUF lint
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-GROUPS = ("all", "rtx4090", "testbed_rtx4090")
+GROUPS = ("all", "rtx4090", "llamacpp", "testbed_llamacpp")
 CUDA_ARCH = "90"  # the H200 (sm_90); the recipe's 89 is the RTX 4090
 SERVER_ARGS = ["-ngl", "99"]
 # What `gguf_lint.py --flag` prints for build_tiny_gguf(layout="field_missing_mtp") (dev machine).
@@ -48,7 +48,7 @@ def load_data(groups=GROUPS) -> dict:
 
 
 def cmake_flags() -> dict:
-    flags = dict(load_data(("all", "rtx4090"))["llamacpp_cmake_flags"])
+    flags = dict(load_data(("all", "rtx4090", "llamacpp"))["llamacpp_cmake_flags"])
     flags["CMAKE_CUDA_ARCHITECTURES"] = CUDA_ARCH
     return flags
 

@@ -16,7 +16,7 @@ while the machine is held:
                    tiny checkpoint + tokenizer, and its config.json against the fixtures
     help           `vllm serve --help=all` (COLUMNS=80) into $OUT/serve-help-0.24.0.txt
     serve LEN POOL the argv servefleet renders for the spark recipe (group_data all + spark +
-                   testbed_spark, max_model_len/kv pool/model dir/port substituted), plus the two
+                   testbed_vllm, max_model_len/kv pool/model dir/port substituted), plus the two
                    probe-only additions; /health, health.py as the recipe runs it (but --unit ''
                    and --log-file: no systemd here), stream_bench.py, stop, summary JSON
     render LEN POOL  only print what `serve` would run (needs /root/sfsite or a local venv)
@@ -66,7 +66,7 @@ LLAMA_WORK = os.environ.get("LLAMA_WORK", "/root/llama")
 LLAMA_BUILD_LOG = os.environ.get("LLAMA_BUILD_LOG", "/root/llama-build.log")
 
 VLLM_VERSION = "0.24.0"
-GROUPS = ("all", "spark", "testbed_spark")  # applied in this order, as pyinfra does
+GROUPS = ("all", "spark", "vllm", "testbed_vllm")  # applied in this order, as pyinfra does
 FIXTURES = REPO / "tests" / "fixtures" / "h200" / "vllm" / "index.json"
 HEALTH = REPO / "files" / "health" / "health.py"
 BENCH = REPO / "files" / "bench" / "stream_bench.py"

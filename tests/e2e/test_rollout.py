@@ -98,7 +98,7 @@ def release_id(doc: dict) -> str:
 def workload() -> dict:
     """The gate's workload in the testbed rtx4090 hosts' data."""
     data = {}
-    for group in ("all", "rtx4090", "testbed_rtx4090", "testbed"):
+    for group in ("all", "rtx4090", "llamacpp", "testbed_llamacpp", "testbed"):
         data.update(load_group(group))
     return {
         "runs": data["perf_gate_runs"],

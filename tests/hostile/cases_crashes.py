@@ -22,7 +22,7 @@ from tests.hostile.table import refused
 
 CATEGORY = "crash inputs"
 DEADLINE_S = 10
-SPARK = load("all", "spark")
+SPARK = load("all", "spark", "vllm")
 
 
 def listing(directory: Path) -> dict[str, str]:

@@ -16,11 +16,11 @@ from tests.hostile.table import harmless, refused
 
 CATEGORY = "data values"
 REPO = Path(__file__).resolve().parents[2]
-SPARK = load("all", "spark")
-RTX = load("all", "rtx4090")
+SPARK = load("all", "spark", "vllm")
+RTX = load("all", "rtx4090", "llamacpp")
 
 
-def attempt(overrides: dict, base: dict = SPARK, groups=("spark",), recipe="serve_bf16"):
+def attempt(overrides: dict, base: dict = SPARK, groups=("spark", "vllm"), recipe="serve_bf16"):
     def run():
         layers = [Layer("--data", overrides), Layer("group_data", base)]
         try:

@@ -75,7 +75,7 @@ def hidden(render, root: str):
 
 
 def vllm_unit(root: str) -> str:
-    data = {**load("all", "spark"), "servefleet_root": root}
+    data = {**load("all", "spark", "vllm"), "servefleet_root": root}
     return render_unit(
         "files/vllm/servefleet-vllm.service.j2",
         vllm.unit_context(data, f"{root}/models/o--m/" + "a" * 40),
@@ -83,7 +83,7 @@ def vllm_unit(root: str) -> str:
 
 
 def llama_unit(root: str) -> str:
-    data = {**load("all", "rtx4090"), "servefleet_root": root}
+    data = {**load("all", "rtx4090", "llamacpp"), "servefleet_root": root}
     return render_unit(
         "files/llamacpp/servefleet-llama.service.j2",
         llamacpp.unit_context(data, f"{root}/models/o--m/" + "a" * 40, lambda: None),

@@ -18,8 +18,8 @@ from servefleet_dev.testbed.material import load
 from tests.hostile.table import harmless, refused
 
 CATEGORY = "key files"
-SPARK = load("all", "spark")
-RTX = load("all", "rtx4090")
+SPARK = load("all", "spark", "vllm")
+RTX = load("all", "rtx4090", "llamacpp")
 
 
 def with_file(content: bytes | None, kind: str = "file"):
@@ -39,7 +39,7 @@ def attempt(
     kind: str = "file",
     key: str = "api_key_file",
     base: dict = SPARK,
-    groups=("spark",),
+    groups=("spark", "vllm"),
     recipe="serve_bf16",
 ):
     def run():

@@ -219,7 +219,7 @@ def test_a_testbed_host_has_no_roofline_ratio_and_the_row_says_why(fleet):
     hosts += [
         fake_host(
             "spark-1",
-            ["spark", "testbed_spark", "testbed"],
+            ["spark", "vllm", "testbed_vllm", "testbed"],
             vllm_executable="/var/cache/servefleet/standin/vllm-standin",
         ),
         fake_host("spark-2", ["spark"]),

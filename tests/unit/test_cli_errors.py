@@ -116,7 +116,7 @@ def test_a_limit_that_matches_no_host_is_one_line_and_exit_2(fleet, command, arg
     proc = servefleet(command, *args, "--limit", "sprak-01", fleet=fleet())
     line = one_line(proc, command)
     assert line.endswith(
-        "--limit sprak-01 matches no host of inventory/spark.py (hosts: spark-01; groups: spark)"
+        "--limit sprak-01 matches no host of inventory/spark.py (hosts: spark-01; groups: spark, vllm)"
     )
     assert proc.returncode == 2
 

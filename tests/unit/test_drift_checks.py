@@ -18,8 +18,8 @@ from servefleet.recipes.service import render_unit
 from servefleet.verbs import deep_drift as dc
 from servefleet_dev.testbed.material import load
 
-SPARK = load("all", "spark", "testbed_spark", "testbed")
-RTX = load("all", "rtx4090", "testbed_rtx4090", "testbed")
+SPARK = load("all", "spark", "vllm", "testbed_vllm", "testbed")
+RTX = load("all", "rtx4090", "llamacpp", "testbed_llamacpp", "testbed")
 SHA = "0123456789abcdef0123456789abcdef01234567"  # the model revision, resolved to its commit
 SPARK_MODEL = NodeLayout.of(SPARK).model_dir(SPARK["model_repo"], SHA)
 RTX_MODEL = NodeLayout.of(RTX).model_dir(RTX["model_repo"], SHA)

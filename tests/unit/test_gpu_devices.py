@@ -37,8 +37,8 @@ PROPRIETARY = TABLES / "proprietary-pre550.txt"
 
 def gpu_units() -> dict[str, str]:
     """Both units rendered from the shipped group data of their role, require_gpu = True."""
-    spark = group_data("all", "spark")
-    rtx = group_data("all", "rtx4090")
+    spark = group_data("all", "spark", "vllm")
+    rtx = group_data("all", "rtx4090", "llamacpp")
     assert spark["require_gpu"] is True and rtx["require_gpu"] is True
     model = "/opt/servefleet/models/org--name/" + "0" * 40
     return {
@@ -130,7 +130,7 @@ def test_gpu_units_make_the_device_nodes_before_the_sandboxed_start(rendered):
 
 def test_testbed_units_allow_no_device(monkeypatch):
     monkeypatch.chdir(ROOT)
-    spark = group_data("all", "spark", "testbed_spark", "testbed")
+    spark = group_data("all", "spark", "vllm", "testbed_vllm", "testbed")
     unit = render_unit("files/vllm/servefleet-vllm.service.j2", vllm.unit_context(spark, "/m"))
     assert "DevicePolicy=closed" in unit.splitlines() and "DeviceAllow" not in unit
     assert "nvidia-modprobe" not in unit
@@ -154,7 +154,7 @@ def test_the_syscall_filter_model_expands_systemd_252s_groups(rendered):
 def test_the_probe_runs_under_exactly_the_units_sandbox(rendered, engine):
     """One list: the transient unit of the probe gets the unit's hardening lines, its user and
     environment; on a GPU node root first makes the device nodes, as ExecStartPre=+ does."""
-    spark, rtx = group_data("all", "spark"), group_data("all", "rtx4090")
+    spark, rtx = group_data("all", "spark", "vllm"), group_data("all", "rtx4090", "llamacpp")
     model = "/opt/servefleet/models/org--name/" + "0" * 40
     if engine == "vllm":
         ctx, argv = vllm.unit_context(spark, model), vllm.probe_argv(spark)
@@ -193,7 +193,7 @@ def test_the_probe_runs_under_exactly_the_units_sandbox(rendered, engine):
 def test_a_rollback_probes_the_recorded_unit_under_its_own_sandbox(rendered, engine):
     """A rollback has only the release's recorded unit file: read back, it gives the probe the
     very user, sandbox lines (DeviceAllow= included) and environment the converge's probe got."""
-    spark, rtx = group_data("all", "spark"), group_data("all", "rtx4090")
+    spark, rtx = group_data("all", "spark", "vllm"), group_data("all", "rtx4090", "llamacpp")
     model = "/opt/servefleet/models/org--name/" + "0" * 40
     ctx = (
         vllm.unit_context(spark, model)

@@ -32,14 +32,17 @@ def result(step: str) -> dict:
 
 def test_the_group_differs_from_the_4090s_only_where_the_h200_does():
     rtx, h200 = load_group("rtx4090"), load_group(gpunode.GROUP)
-    assert h200["llamacpp_cmake_flags"] == {
-        **rtx["llamacpp_cmake_flags"],
+    # The GPU's architecture is the node class's (Hopper in place of Ada); the build flags the
+    # engine's, as on a 4090: the same flags as before, with 90 where the 4090 has 89.
+    assert (rtx["cuda_architectures"], h200["cuda_architectures"]) == ("89", "90")
+    assert llamacpp.cmake_flags(gpunode.recipe_data()) == {
+        **load_group("llamacpp")["llamacpp_cmake_flags"],
         "CMAKE_CUDA_ARCHITECTURES": "90",
     }
     assert "require_gpu" not in h200 and load_group("all")["require_gpu"] is True
     # What replaces the network there, and the tiny model; nothing of the unit or its sandbox.
     assert set(h200) == {
-        "llamacpp_cmake_flags",
+        "cuda_architectures",
         "llamacpp_git_url",
         "llamacpp_tag",
         "llamacpp_commit",

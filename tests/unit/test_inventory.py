@@ -23,8 +23,9 @@ def test_shipped_example_fleet_loads(monkeypatch):
     monkeypatch.chdir(REPO)
     hosts = load_fleet("inventory/fleet.yml")
     assert {h.role for h in hosts} == {"spark", "rtx4090"}
-    (spark,) = fleet_groups("inventory/spark.py", ["spark"])
-    assert spark[0][1]["_sudo"] is True
+    groups = fleet_groups("inventory/spark.py")
+    assert list(groups) == ["spark", "vllm"]  # the class, then its engine: engine data wins
+    assert groups["spark"][0][1]["_sudo"] is True
 
 
 def test_overrides_and_ssh_keys_become_host_data(tmp_path, monkeypatch):
@@ -37,7 +38,7 @@ hosts:
 """,
     )
     monkeypatch.setenv("SERVEFLEET_FLEET", str(path))
-    ((name, data),) = fleet_groups("inventory/rtx4090.py", ["rtx4090"])[0]
+    ((name, data),) = fleet_groups("inventory/rtx4090.py")["rtx4090"]
     assert name == "a" and data == {
         "ssh_hostname": "10.1.1.1",
         "ssh_port": 2222,

@@ -393,6 +393,18 @@ def test_cli_budget_defaults_to_spark(run_cli, checkpoint):
     assert (data["usable_memory_bytes"], data["overhead_bytes"]) == (114 * GiB, 4 * GiB)
 
 
+def test_cli_budget_for_a_node_class_with_discrete_memory(run_cli, checkpoint, monkeypatch):
+    # vLLM on an RTX 4090 (#28): the class's 24 GiB of VRAM, not the Spark's unified 114 GiB.
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # group_data/ is read from here
+    args = ("--kv-cache-memory-bytes", "8GiB", "--checkpoint", str(checkpoint), "--json")
+    rc, out = run_cli(*args, "--node-class", "rtx4090")
+    assert rc == 0 and json.loads(out.out)["usable_memory_bytes"] == 24 * GiB
+    rc, out = run_cli(*args, "--node-class", "spark")  # unified: the Spark's default
+    assert rc == 0 and json.loads(out.out)["usable_memory_bytes"] == 114 * GiB
+    rc, out = run_cli("--kv-cache-memory-bytes", "32GiB", *args[2:], "--node-class", "rtx4090")
+    assert rc == 1 and json.loads(out.out)["budget_fits"] is False
+
+
 def test_byte_counts_accept_units():
     from servefleet.engines.vllm.cli.plan_kv import parse_bytes
 

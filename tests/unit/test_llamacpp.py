@@ -28,8 +28,8 @@ def check(data: dict, groups=("rtx4090",)) -> dict:
     )
 
 
-PROD = ("all", "rtx4090")
-TESTBED = ("all", "rtx4090", "testbed_rtx4090", "testbed")
+PROD = ("all", "rtx4090", "llamacpp")
+TESTBED = ("all", "rtx4090", "llamacpp", "testbed_llamacpp", "testbed")
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -47,7 +47,7 @@ def test_shipped_data_is_valid(groups):
 def test_production_pins_and_flags():
     data = group_data(*PROD)
     assert data["llamacpp_commit"] == "8be759e6f70d629638a7eb70db3824cbdcea370b"
-    flags = data["llamacpp_cmake_flags"]
+    flags = llamacpp.cmake_flags(data)  # the node class's architecture added: Ada's
     assert flags["GGML_CUDA"] == "ON" and flags["CMAKE_CUDA_ARCHITECTURES"] == "89"
     assert flags["GGML_NATIVE"] == "OFF" and flags["LLAMA_USE_PREBUILT_UI"] == "OFF"
     assert flags["BUILD_SHARED_LIBS"] == "OFF"

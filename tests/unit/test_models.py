@@ -64,7 +64,7 @@ def url(store):
 @pytest.mark.parametrize(
     "groups",
     [
-        ("all", "spark"),
+        ("all", "spark", "vllm"),
         ("all", "depot", "testbed_depot"),
         ("all", "depot", "testbed_depot", "testbed"),
     ],

@@ -109,7 +109,7 @@ def test_settings_come_from_the_data_defaults():
         data["perf_gate_runs"], data["perf_gate_prompt_tokens"], data["perf_gate_max_tokens"]
     )
     assert (s.thresholds.decode_drop_pct, s.thresholds.ttft_rise_pct) == (10, 25)
-    assert load_group("testbed_spark")["perf_gate"] is False  # the stand-in's speed is no speed
+    assert load_group("testbed_vllm")["perf_gate"] is False  # the stand-in's speed is no speed
 
 
 def test_figures_from_the_bench_and_back():

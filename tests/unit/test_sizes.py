@@ -13,7 +13,7 @@ from servefleet.fleet.data import HostData, Layer, serving_digest, settle, valid
 from servefleet_dev.testbed.material import load
 
 GiB, MiB = 1 << 30, 1 << 20
-SPARK = load("all", "spark")
+SPARK = load("all", "spark", "vllm")
 
 
 @pytest.mark.parametrize(

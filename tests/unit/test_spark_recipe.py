@@ -49,7 +49,7 @@ def group_data(*names: str) -> dict:
 
 @pytest.fixture
 def spark() -> dict:
-    return group_data("spark")
+    return group_data("spark", "vllm")
 
 
 def load_script(relative: str):
@@ -63,7 +63,7 @@ def load_script(relative: str):
 # --- data --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("roles", [("spark",), ("spark", "testbed_spark", "testbed")])
+@pytest.mark.parametrize("roles", [("spark", "vllm"), ("spark", "vllm", "testbed_vllm", "testbed")])
 def test_recipe_defaults_pass_the_contract(roles):
     data = group_data(*roles)
     host = HostData("spark-x", list(roles), [Layer("group_data", data)])

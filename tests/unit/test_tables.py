@@ -123,4 +123,4 @@ def test_knobs_wide_has_the_defaults_and_recipes():
     assert proc.returncode == 0, proc.stderr
     line = next(line for line in proc.stdout.splitlines() if line.startswith("service_port "))
     assert line.split()[:3] == ["service_port", "8000", "serve_bf16,"], line
-    assert line.endswith("port of the OpenAI-compatible API")
+    assert line.endswith("port of the OpenAI-compatible API (vLLM's usual one)")

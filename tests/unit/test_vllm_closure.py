@@ -1,7 +1,7 @@
 """The full dependency closure of the pinned torch + vLLM resolves to wheels on PyPI.
 
 The testbed installs only the two real wheels (python_no_deps); this proves the rest: uv
-resolves `torch==2.11.0` + `vllm==0.24.0` (the recipe's pins, group_data/spark.py) against
+resolves `torch==2.11.0` + `vllm==0.24.0` (the recipe's pins, group_data/vllm.py) against
 PyPI for Ubuntu 24.04 (glibc 2.39, Python 3.12) on aarch64 (DGX Spark) and x86_64, binary
 only, and every package of the lock is a wheel for that platform: nothing would build from
 an sdist on a node.
@@ -27,9 +27,9 @@ PYTHON = "3.12"  # Ubuntu 24.04's python3
 
 
 def recipe_pins() -> dict[str, str]:
-    """torch/vLLM pins as group_data/spark.py sets them."""
+    """torch/vLLM pins as group_data/vllm.py sets them."""
     values: dict = {}
-    exec((REPO_ROOT / "group_data" / "spark.py").read_text(), values)
+    exec((REPO_ROOT / "group_data" / "vllm.py").read_text(), values)
     return {"torch": values["torch_version"], "vllm": values["vllm_version"]}
 
 

@@ -52,7 +52,7 @@ def plan_reads() -> None:
         [
             (InstalledDebs, {"names": base.package_query("llamacpp_build_packages")}),
             (LlamaBuilds, {"llama_dir": lay.llama_dir}),
-            *([(Nvcc, {})] if logic.cuda_on(data["llamacpp_cmake_flags"]) else []),
+            *([(Nvcc, {})] if logic.cuda_on(logic.cmake_flags(data)) else []),
             (FreeDiskBytes, {"path": lay.llama_dir}),
             *model_reads(model),
             (DistVersions, {"venv": lay.tools_venv, "names": tuple(GGUF_TOOLS)}),
@@ -94,7 +94,7 @@ def build_packages():
 @deploy("llama.cpp build")
 def build() -> Build:
     data, lay = base.data(), base.layout()
-    name, flags = logic.build_name(data), data["llamacpp_cmake_flags"]
+    name, flags = logic.build_name(data), logic.cmake_flags(data)
     cuda = logic.cuda_on(flags)
     made = ops.build(
         name=f"Build llama-server {data['llamacpp_tag']} ({data['llamacpp_commit'][:10]}) -> {name}",

@@ -23,6 +23,16 @@ def cuda_on(flags: dict) -> bool:
     return str(flags.get("GGML_CUDA", "OFF")).upper() in ("ON", "1", "TRUE", "YES", "Y")
 
 
+def cmake_flags(data) -> dict:
+    """The build's CMake flags: data's, and with CUDA the node class's GPU architecture
+    (cuda_architectures) where the flags name none: the same engine data builds for any GPU."""
+    flags = dict(data["llamacpp_cmake_flags"])
+    arch = data.get("cuda_architectures")
+    if cuda_on(flags) and arch and "CMAKE_CUDA_ARCHITECTURES" not in flags:
+        flags["CMAKE_CUDA_ARCHITECTURES"] = arch
+    return flags
+
+
 def flags_hash(commit: str, flags: dict) -> str:
     """What identifies a build besides its tag: the commit and the CMake flags."""
     text = json.dumps({"commit": commit, "cmake_flags": flags}, sort_keys=True)
@@ -31,14 +41,14 @@ def flags_hash(commit: str, flags: dict) -> str:
 
 def build_name(data) -> str:
     """The build's prefix name: <tag>-<hash of commit + flags>, e.g. b9784-3f2a9c0d41be."""
-    return f"{data['llamacpp_tag']}-{flags_hash(data['llamacpp_commit'], data['llamacpp_cmake_flags'])}"
+    return f"{data['llamacpp_tag']}-{flags_hash(data['llamacpp_commit'], cmake_flags(data))}"
 
 
 def launcher_args(data) -> list[str]:
     """ccache as the compiler launcher (C, C++ and CUDA); not part of the build's identity."""
     if not data["llamacpp_ccache"]:
         return []
-    langs = ["C", "CXX"] + (["CUDA"] if cuda_on(data["llamacpp_cmake_flags"]) else [])
+    langs = ["C", "CXX"] + (["CUDA"] if cuda_on(cmake_flags(data)) else [])
     return [f"-DCMAKE_{lang}_COMPILER_LAUNCHER=ccache" for lang in langs]
 
 
@@ -286,7 +296,7 @@ def model_include(data) -> list[str]:
 def build_items(data, builds: Builds) -> list[di.Item]:
     """The llama.cpp build `current` points at vs the pinned commit and the CMake flags of data."""
     want_name, commit = build_name(data), data["llamacpp_commit"]
-    flags = dict(data["llamacpp_cmake_flags"])
+    flags = cmake_flags(data)
     current = builds.current_name
     rec = builds.records.get(current) if current else None
     items = [

