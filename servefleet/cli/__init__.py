@@ -23,13 +23,14 @@ COMMANDS = (
     "inspect",
     "knobs",
     "rebuild",
+    "report",
     "rollback",
     "rollout",
     "status",
 )
 # The commands that act on a fleet and exit by the table below (inspect, knobs and plan-kv read
 # local files and say their own exit status).
-FLEET_VERBS = ("bench", "drift", "rebuild", "rollback", "rollout", "status")
+FLEET_VERBS = ("bench", "drift", "rebuild", "report", "rollback", "rollout", "status")
 
 
 DESCRIPTION = """\

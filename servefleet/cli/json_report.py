@@ -1,5 +1,6 @@
-"""--json: one shape for every fleet verb (bench, drift, rebuild, rollback, rollout, status), and
-for a refusal of any command that takes --json (docs/day2.md, "Machine-readable reports"):
+"""--json: one shape for every fleet verb (bench, drift, rebuild, report, rollback, rollout,
+status), and for a refusal of any command that takes --json (docs/day2.md, "Machine-readable
+reports"):
 
     {"hosts": {NAME: {...}}, "summary": {"hosts": N, ...}, "exit_code": N, "error": null, ...}
 

@@ -16,6 +16,7 @@ paths; nothing else spells a node path. Scripts under files/ get their paths as 
                                     (passed to the fetcher as a file, never in argv)
         etc/depot-key|known-hosts   fleet key and the depot's host key (nodes of a depot)
         state/                      root's records: releases.json, running.json, rollout.json,
+                                    last-rollout.json (what the last rollout did here),
                                     fetch requests, verified/ (which model directories are
                                     complete and verified: out of the engine's reach)
         cache/                      the service user's: HOME, HF home, engine caches (writable)
@@ -221,6 +222,11 @@ class NodeLayout:
     @property
     def rollout_marker(self) -> str:
         return self._p("state", "rollout.json")
+
+    @property
+    def last_rollout(self) -> str:
+        """What the last rollout did on this node (core.rollout_record), for `report`."""
+        return self._p("state", "last-rollout.json")
 
     @property
     def requests_dir(self) -> str:

@@ -8,6 +8,7 @@ from pyinfra.api import FactBase
 
 from servefleet.core import records as rc
 from servefleet.core.releases import Releases, RolloutMarker
+from servefleet.core.rollout_record import WHAT, LastRollout
 
 
 class RunningRelease(FactBase[str | rc.Unreadable | None]):
@@ -37,6 +38,20 @@ class RolloutMarkerFact(FactBase[RolloutMarker | rc.Unreadable | None]):
     def process(self, output: list[str]) -> RolloutMarker | rc.Unreadable | None:
         try:
             return RolloutMarker.loads(rc.from_node(output, "rollout.json"))
+        except rc.RecordError as exc:
+            return rc.Unreadable(str(exc))
+
+
+class LastRolloutFact(FactBase[LastRollout | rc.Unreadable | None]):
+    """What the last rollout did on a node (state/last-rollout.json), None when no rollout
+    ended there, or core.records.Unreadable."""
+
+    def command(self, path: str) -> str:
+        return rc.read_command(path)
+
+    def process(self, output: list[str]) -> LastRollout | rc.Unreadable | None:
+        try:
+            return LastRollout.loads(rc.from_node(output, WHAT))
         except rc.RecordError as exc:
             return rc.Unreadable(str(exc))
 

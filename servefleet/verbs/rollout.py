@@ -10,6 +10,7 @@ on purpose is verbs/rollback.py.
    or gate rolls the host back to its previous release (deploys/rollback.py) and gates it
    again; with no previous release it needs attention.
 3. More failed hosts than --max-failures stops the rollout; the rest are left untouched.
+4. Each host keeps what the rollout did there (state/last-rollout.json) for `servefleet report`.
 
 The state lives on the nodes (release records, the marker), so a rerun from any operator
 machine finishes an interrupted rollout or rolls back.
@@ -33,7 +34,7 @@ from servefleet.fleet import registry
 from servefleet.fleet.data import recipe_of
 from servefleet.operations.files import put
 from servefleet.operations.node import run
-from servefleet.verbs import session as api
+from servefleet.verbs import rollout_record, session as api
 from servefleet.verbs.healthgate import gate, release_of
 from servefleet.verbs.perfgate import OFF_BY_FLAG, PerfGate
 from servefleet.verbs.rollout_report import (
@@ -390,4 +391,5 @@ class Rollout:
                     f"{self.max_failures})" + (f"; untouched: {', '.join(rest)}" if rest else "")
                 )
                 break
+        rollout_record.save(self.session, self.report, groups, self.say)  # for `report`
         return self.report

@@ -113,6 +113,7 @@ REFUSED = [
     ("rollout", ["inventory/sprak.py", "deploys/serve_bf16.py"]),
     ("rollback", ["inventory/sprak.py", "--limit", "spark-01"]),
     ("rebuild", ["inventory/sprak.py", "deploys/base.py", "--limit", "spark-01", "--yes"]),
+    ("report", ["inventory/sprak.py"]),
 ]
 
 

@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # Host tools bin/setup looks for (then apt-get installs the missing ones): present as no-ops.
 TOOLS = (
-    "mmdebstrap systemd-nspawn slirp4netns ip iptables ssh rsync ccache cmake g++ make git qemu-aarch64-static"
+    "mmdebstrap systemd-nspawn slirp4netns ip iptables ssh rsync ccache cmake g++ make git qemu-aarch64-static chromium"
 ).split()
 REAL = ("dirname", "rm", "mkdir", "chmod", "cat")  # what the script and the shims run
 
