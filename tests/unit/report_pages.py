@@ -7,6 +7,8 @@ LastRollout.loads), and the rollout's record as verbs/rollout_record.py writes i
 from __future__ import annotations
 
 import json
+import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 from servefleet.cli import report_html
@@ -19,6 +21,8 @@ from servefleet.verbs.status import NodeStatus
 
 NODE = Path(__file__).resolve().parents[1] / "fixtures" / "h200" / "node"
 ROLLOUT_ID = "20261206T044653-927bdd"  # tests/fixtures/h200/node/rollout.log's
+# What a node's root could write into any text the page shows.
+HOSTILE = '<script>alert(1)</script><img src=x onerror="alert(2)">\x1b[31m&amp;"\'\u202e'
 
 
 def _release(summary: dict) -> dict:
@@ -144,3 +148,39 @@ def page(nodes: list[NodeReport] | None = None) -> str:
     return report_html.page(
         fleet() if nodes is None else nodes, "inventory/gpu.py", "2026-12-06 05:00:00 UTC", "0.2.0"
     )
+
+
+class Elements(HTMLParser):
+    """Every element of a page: (tag, attributes), in order, and the text."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    def all(self, tag: str, cls: str | None = None) -> list[dict]:
+        return [
+            a
+            for t, a in self.tags
+            if t == tag and (cls is None or cls in (a.get("class") or "").split())
+        ]
+
+
+def points(d: str) -> list[list[tuple[float, float]]]:
+    """A path's segments (each M starts one), as points."""
+    segments: list[list[tuple[float, float]]] = []
+    for cmd, x, y in re.findall(r"([ML])([\d.]+),([\d.]+)", d):
+        if cmd == "M":
+            segments.append([])
+        segments[-1].append((float(x), float(y)))
+    return segments

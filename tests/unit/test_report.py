@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 from dataclasses import replace
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -24,44 +23,9 @@ from servefleet.verbs.report import CURRENT, PREVIOUS, ROLLED_BACK_FROM, NodeRep
 from servefleet.verbs.rollout_report import HostRollout
 from servefleet.verbs.status import NodeStatus
 from tests.unit import report_pages as rp
+from tests.unit.report_pages import HOSTILE, Elements, points
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class Elements(HTMLParser):
-    """Every element of a page: (tag, attributes), in order, and the text."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(convert_charrefs=True)
-        self.tags: list[tuple[str, dict]] = []
-        self.text: list[str] = []
-        self.feed(text)
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-
-    def handle_startendtag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-
-    def handle_data(self, data):
-        self.text.append(data)
-
-    def all(self, tag: str, cls: str | None = None) -> list[dict]:
-        return [
-            a
-            for t, a in self.tags
-            if t == tag and (cls is None or cls in (a.get("class") or "").split())
-        ]
-
-
-def points(d: str) -> list[list[tuple[float, float]]]:
-    """A path's segments (each M starts one), as points."""
-    segments: list[list[tuple[float, float]]] = []
-    for cmd, x, y in re.findall(r"([ML])([\d.]+),([\d.]+)", d):
-        if cmd == "M":
-            segments.append([])
-        segments[-1].append((float(x), float(y)))
-    return segments
 
 
 # --- the page ------------------------------------------------------------------------------
@@ -163,8 +127,6 @@ def test_the_page_is_self_contained():
 
 
 # --- what a node says is text, never markup -------------------------------------------------
-
-HOSTILE = '<script>alert(1)</script><img src=x onerror="alert(2)">\x1b[31m&amp;"\'\u202e'
 
 
 def test_node_supplied_text_is_escaped_everywhere_it_appears():
