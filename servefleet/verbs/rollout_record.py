@@ -41,13 +41,18 @@ def save(
     kept = records(report, groups, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     if not kept:
         return
-    with session_of(list(kept)) as sess:
 
-        def write(host) -> bool:
-            path = NodeLayout.of(host.data).last_rollout
-            return put(host.state, host, path, kept[host.name].dumps().encode())
+    def write(host) -> bool:
+        path = NodeLayout.of(host.data).last_rollout
+        return put(host.state, host, path, kept[host.name].dumps().encode())
 
-        written = sess.each(write)
+    try:
+        with session_of(list(kept)) as sess:
+            written = sess.each(write)
+    except Exception as exc:  # the rollout is done: its report is printed whatever this says
+        written = {n: exc for n in kept}
     for name in kept:
         if written.get(name) is not True:
-            say(f"{name}: the rollout's record (for `servefleet report`) could not be written")
+            got = written.get(name)
+            why = "not reached" if got is None else "the upload failed" if got is False else got
+            say(f"{name}: the rollout's record (for `servefleet report`) was not written: {why}")

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,8 +20,9 @@ from servefleet.cli.report_svg import COLOURS, line_chart, nice_top
 from servefleet.core.records import RecordError
 from servefleet.core.releases import Releases
 from servefleet.core.rollout_record import LastRollout, RolloutView
+from servefleet.verbs import rollout_record
 from servefleet.verbs.report import CURRENT, PREVIOUS, ROLLED_BACK_FROM, NodeReport, history
-from servefleet.verbs.rollout_report import HostRollout
+from servefleet.verbs.rollout_report import HostRollout, RolloutReport
 from servefleet.verbs.status import NodeStatus
 from tests.unit import report_pages as rp
 from tests.unit.report_pages import HOSTILE, Elements, points
@@ -266,3 +268,51 @@ def test_a_page_that_cannot_be_written_is_refused_before_any_host_is_reached(tmp
     assert proc.stderr == f"servefleet report: -o {tmp_path}/no-such-dir/r.html: no directory " \
         f"{tmp_path}/no-such-dir\n"  # fmt: skip
     assert json.loads(proc.stdout)["exit_code"] == 2
+
+
+class Host:
+    def __init__(self, name: str) -> None:
+        self.name, self.state, self.data = name, None, {"servefleet_root": "/opt/servefleet"}
+
+
+class Session:
+    def __init__(self, names) -> None:
+        self.hosts = [Host(n) for n in names]
+
+    def each(self, func):
+        return {h.name: func(h) for h in self.hosts}
+
+
+def test_a_rollout_leaves_its_record_on_each_host_and_says_where_it_could_not(monkeypatch):
+    written, said = {}, []
+
+    def put(state, host, path, content):
+        written[host.name] = (path, content)
+        return host.name != "gpu-node-2"  # its disk is full
+
+    monkeypatch.setattr(rollout_record, "put", put)
+    report = RolloutReport(rp.ROLLOUT_ID, rp.the_rollout(), message="stopped after 1")
+    groups = [["gpu-node-1", "gpu-node-2"], ["gpu-node-3"]]
+    rollout_record.save(lambda names: nullcontext(Session(names)), report, groups, said.append)
+    assert set(written) == {"gpu-node-1", "gpu-node-2", "gpu-node-3"}
+    path, content = written["gpu-node-3"]
+    assert path == "/opt/servefleet/state/last-rollout.json"
+    rec = LastRollout.loads(content.decode())
+    assert (rec.batch, rec.batches, rec.batch_hosts, rec.result) == (
+        2,
+        2,
+        ("gpu-node-3",),
+        "untouched",
+    )
+    assert rec.message == "stopped after 1" and rec.exit_code == 1
+    assert said == [
+        "gpu-node-2: the rollout's record (for `servefleet report`) was not written: the upload "
+        "failed"
+    ]
+
+    def unreachable(names):
+        raise OSError("no route to host")
+
+    said.clear()
+    rollout_record.save(unreachable, report, groups, said.append)  # the report still stands
+    assert len(said) == 3 and all(s.endswith("was not written: no route to host") for s in said)
