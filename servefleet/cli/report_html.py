@@ -44,8 +44,9 @@ svg .label{fill:#374151}svg .sub{fill:#6b7280}svg .value{fill:#111827;font-weigh
 .key{display:inline-block;width:12px;height:12px;border-radius:6px;margin:0 4px 0 10px;
  vertical-align:-1px}
 """
-GOOD = ("upgraded", "rolled back", "unchanged", "active", "200", "current")
-WARN = ("inconclusive", "untouched", "previous", "rolled back from")
+# A rollout's results, a unit's state, /health, a release's place: green, amber, else red.
+GOOD = ("upgraded", "unchanged", "active", "200", "current")
+WARN = ("rolled back", "inconclusive", "untouched", "previous", "rolled back from")
 
 
 def _cls(value: object) -> str:
