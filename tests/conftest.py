@@ -159,6 +159,7 @@ E2E_HALVES = {
         "test_rebuild",
         "test_demo",
         "test_spark_llamacpp",
+        "test_fleet_report",
         "test_zz_teardown",
     ],
     "e2e-llama": ["test_drift_recipes", "test_llamacpp", "test_rollout", "test_rtx4090_vllm"],
