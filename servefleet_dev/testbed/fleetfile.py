@@ -77,5 +77,8 @@ def write(path: Path, text: str) -> None:
                 f"expected a new path (your own fleet.yml is never replaced)"
             )
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be written ({exc.strerror})") from None

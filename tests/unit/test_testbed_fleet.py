@@ -125,3 +125,9 @@ def test_an_operators_own_fleet_file_is_never_replaced(testbed_state, tmp_path):
     fleetfile.write(ours, fleetfile.render(testbed_state, ours))
     fleetfile.write(ours, fleetfile.render(testbed_state, ours) + "# again\n")  # its own: replaced
     assert ours.read_text().endswith("# again\n")
+
+
+def test_a_path_that_cannot_be_written_is_one_line(testbed_state, tmp_path):
+    path = tmp_path / "no-such-dir" / "fleet.yml"
+    with pytest.raises(ValueError, match=r"no-such-dir/fleet.yml: cannot be written \(No such"):
+        fleetfile.write(path, fleetfile.render(testbed_state, path))
