@@ -150,7 +150,9 @@ def collect(args) -> dict:
                     for i in range(args.trials):
                         got.append(on_host(lambda h, b=unit_b: trial(h, unit_a, b)))
                         say(f"{load} {rel} {i + 1}/{args.trials}: {brief(got[-1])}")
-                    traces["conditions"][f"{load}/{rel}"] = got
+                        traces["conditions"][f"{load}/{rel}"] = got
+                        if args.traces:  # after every trial: an interrupted run keeps its traces
+                            Path(args.traces).write_text(json.dumps(traces))
     return traces
 
 
@@ -274,8 +276,6 @@ def main() -> int:
         finally:
             if not args.keep:
                 lifecycle.down(log=quiet)
-        if args.traces:
-            Path(args.traces).write_text(json.dumps(traces))
     data = {}
     for group in ("all", "rtx4090", "llamacpp", "testbed_llamacpp", "testbed"):
         data.update(load_group(group))

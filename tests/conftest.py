@@ -158,6 +158,7 @@ E2E_HALVES = {
         "test_status_bench",
         "test_rebuild",
         "test_demo",
+        "test_first_node",
         "test_spark_llamacpp",
         "test_fleet_report",
         "test_zz_teardown",

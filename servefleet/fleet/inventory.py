@@ -41,7 +41,11 @@ SSH_KEYS = {
     "ssh_strict_host_key_checking": str,
     "ssh_paramiko_connect_kwargs": dict,
 }
-ENTRY_KEYS = {"name", "role", "engine", "sudo", "data", *SSH_KEYS}
+ENTRY_KEYS = {"name", "role", "engine", "sudo", "testbed", "data", *SSH_KEYS}
+# `testbed: true` makes a host a testbed host: it joins the testbed's groups, as the testbed's own
+# inventory puts its hosts (group_data/testbed_<class>.py, testbed_<engine>.py, testbed.py), and
+# only then may its data set testbed-only knobs (fleet/data.py). `servefleet testbed fleet` writes it.
+TESTBED = "testbed"
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # What each string connection key may hold: exact forms (a value starting with '-' would be read
 # as an option by a command it reaches; DEL and bidi controls are never part of a name).
@@ -113,6 +117,7 @@ class FleetHost:
     connection: dict  # pyinfra's ssh_* keys and _sudo
     data: dict  # the entry's `data:` overrides
     where: str  # "inventory/fleet.yml: hosts[0] (spark-01)"
+    testbed: bool = False  # `testbed: true`: in the testbed's groups (testbed_groups_of)
 
 
 def _fail(path, where, problem):
@@ -217,6 +222,9 @@ def load_fleet(path: str | Path) -> list[FleetHost]:
             if not isinstance(entry["sudo"], bool):
                 _fail(path, where, f"'sudo' = {_show(entry['sudo'])}: expected true or false")
             connection["_sudo"] = entry["sudo"]
+        testbed = entry.get(TESTBED, False)
+        if not isinstance(testbed, bool):
+            _fail(path, where, f"'testbed' = {_show(testbed)}: expected true or false")
         overrides = {} if entry.get("data") is None else entry["data"]
         if not isinstance(overrides, dict):
             _fail(path, where, f"'data' is {type(overrides).__name__}: expected a mapping")
@@ -230,7 +238,9 @@ def load_fleet(path: str | Path) -> list[FleetHost]:
         clash = sorted(k for k in overrides if k in SSH_KEYS or k.startswith("_"))
         if clash:
             _fail(path, where, f"'data' sets {clash}: put connection keys at the entry's top level")
-        hosts.append(FleetHost(name, role, engine, connection, dict(overrides), f"{path}: {where}"))
+        hosts.append(
+            FleetHost(name, role, engine, connection, dict(overrides), f"{path}: {where}", testbed)
+        )
     return hosts
 
 
@@ -297,6 +307,16 @@ def groups_of(role: str, engine: str | None, *more: str) -> list[str]:
     return [role, *([engine] if engine else []), *(g for g in more if g not in (role, engine))]
 
 
+def testbed_groups_of(role: str, engine: str | None) -> list[str]:
+    """A testbed host's groups beyond its class's and engine's, in pyinfra's order:
+    testbed_<class>, testbed_<engine>, then testbed (whose data wins over both)."""
+    return [f"{TESTBED}_{role}", *([f"{TESTBED}_{engine}"] if engine else []), TESTBED]
+
+
+# Every testbed group in pyinfra's order: after the classes' and engines' (group_lists's `after`).
+TESTBED_GROUPS = [*(f"{TESTBED}_{n}" for n in (*ROLES, *ENGINE_NAMES)), TESTBED]
+
+
 def fleet_groups(inventory_file: str) -> dict[str, list]:
     """pyinfra's groups of fleet.yml's hosts, validated: every node class's and engine's group
     (class before engine: an engine's data wins over its class's). inventory/<class>.py takes
@@ -311,19 +331,23 @@ def fleet_groups(inventory_file: str) -> dict[str, list]:
         hosts = [
             h for h in load_fleet(fleet_path()) if file_group not in ROLES or h.role == file_group
         ]
+        groups = [
+            groups_of(h.role, h.engine, *(testbed_groups_of(h.role, h.engine) if h.testbed else ()))
+            for h in hosts
+        ]
         validate_hosts(
             [
                 InventoryHost(
                     h.name,
-                    groups_of(h.role, h.engine, file_group),
+                    [*gs, *([file_group] if file_group not in gs else [])],
                     {**h.connection, **h.data},
                     h.where,
                 )
-                for h in hosts
+                for h, gs in zip(hosts, groups, strict=True)
             ]
         )
         entries = [(h.name, {**h.connection, **h.data}) for h in hosts]
-        return group_lists(entries, [groups_of(h.role, h.engine) for h in hosts], file_group)
+        return group_lists(entries, groups, file_group, after=TESTBED_GROUPS)
 
     return stop_on_bad_input(build)
 

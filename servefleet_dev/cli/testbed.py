@@ -1,13 +1,16 @@
-"""`servefleet testbed up|add|rm|stop|start|status|ssh|down`: the local fleet of real Debian hosts."""
+"""`servefleet testbed up|add|rm|stop|start|status|ssh|fleet|down`: the local fleet of real Debian
+hosts."""
 
 import json
 import os
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from servefleet_dev.testbed import hosts, lifecycle
+from servefleet.fleet.registry import parse_role
+from servefleet_dev.testbed import fleetfile, hosts, lifecycle, material
 from servefleet_dev.testbed.root import EXIT_NEEDS_ROOT, needs_root
 from servefleet_dev.testbed.state import load_state
 
@@ -41,6 +44,18 @@ def register(sub) -> None:
         "--user", default="root", help="root (default) or fleetadmin, servefleet's login"
     )
     ssh.add_argument("cmd", nargs="*")
+    fleet = tsub.add_parser(
+        "fleet",
+        help="write the testbed's hosts as fleet.yml entries (README's first-node steps, "
+        "rehearsed: docs/testbed.md)",
+    )
+    fleet.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write FILE (a new one, or one this command wrote) instead of printing; then "
+        "export SERVEFLEET_FLEET=FILE",
+    )
     tsub.add_parser("down", help="stop everything and leave nothing behind")
     p.set_defaults(func=run)
 
@@ -64,6 +79,23 @@ def print_status(rows: list[dict], console: Console | None = None) -> None:
             f"[{style}]{row['systemd']}[/]",
         )
     (console or Console()).print(table)
+
+
+def write_fleet(output: str | None) -> None:
+    """The fleet.yml entries of the running testbed, once the test material its hosts' recipes
+    need is ready (the wheels, the stand-in, the tiny models: cached, cheap once done)."""
+    state = load_state()
+    if not state.hosts or "hub" not in state.services:
+        raise ValueError("no testbed is up; expected `servefleet testbed up` first")
+    served = {e.name for e in (parse_role(r.role)[1] for r in state.hosts.values()) if e}
+    material.prepare(spark="vllm" in served, rtx4090="llamacpp" in served, log=_log)
+    path = Path(output) if output else None
+    text = fleetfile.render(state, path)
+    if path is None:
+        sys.stdout.write(text)
+        return
+    fleetfile.write(path, text)
+    _log(f"wrote {path}: {len(state.hosts)} hosts; now: export SERVEFLEET_FLEET={path.resolve()}")
 
 
 def run(args) -> int:
@@ -98,6 +130,8 @@ def run(args) -> int:
                 raise ValueError(f"no testbed host named {args.name}")
             argv = [*hosts.ssh_args(rec, args.user), *args.cmd]
             os.execvp(argv[0], argv)
+        elif args.action == "fleet":
+            write_fleet(args.output)
         elif args.action == "down":
             lifecycle.down(log=_log)
     except (ValueError, RuntimeError, TimeoutError) as exc:

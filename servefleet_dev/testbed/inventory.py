@@ -5,12 +5,12 @@ depot on port 2222), validated like the operator's fleet before anything connect
 from __future__ import annotations
 
 from servefleet.fleet.inventory import (
-    ENGINE_NAMES,
-    ROLES,
+    TESTBED_GROUPS,
     InventoryHost,
     group_lists,
     groups_of,
     stop_on_bad_input,
+    testbed_groups_of,
     validate_hosts,
 )
 from servefleet.fleet.registry import parse_role
@@ -47,16 +47,15 @@ def testbed_groups(inventory_file: str) -> dict[str, list]:
         entries, groups = [], []
         for rec in state.hosts.values():
             cls, engine = parse_role(rec.role)
-            names = [f"testbed_{cls.name}"] + ([f"testbed_{engine.name}"] if engine else [])
+            served = engine.name if engine else None
             entries.append((rec.name, host_data(rec, hub)))
-            groups.append(groups_of(cls.name, engine.name if engine else None, *names))
+            groups.append(groups_of(cls.name, served, *testbed_groups_of(cls.name, served)))
         validate_hosts(
             [
-                InventoryHost(name, [*gs, "testbed"], data, f"the testbed's state ({name})")
+                InventoryHost(name, gs, data, f"the testbed's state ({name})")
                 for (name, data), gs in zip(entries, groups, strict=True)
             ]
         )
-        after = [f"testbed_{n}" for n in (*ROLES, *ENGINE_NAMES)]
-        return group_lists(entries, groups, after=after)
+        return group_lists(entries, groups, after=TESTBED_GROUPS)
 
     return stop_on_bad_input(build)

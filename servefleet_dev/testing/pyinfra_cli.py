@@ -56,8 +56,13 @@ def pyinfra(
         timeout=timeout,
         env={**os.environ, **(env or {}), "NO_COLOR": "1"},
     )
-    out = _ANSI.sub("", proc.stdout + proc.stderr)
-    run = Run(proc.returncode, out)
+    return read_run(proc.returncode, proc.stdout + proc.stderr)
+
+
+def read_run(returncode: int, output: str) -> Run:
+    """A pyinfra CLI run's exit code and output, with its results table's totals."""
+    out = _ANSI.sub("", output)
+    run = Run(returncode, out)
     match = _TOTAL.search(out)
     if match:
         run.operations, run.changed, run.errors, run.no_change = map(_num, match.groups())

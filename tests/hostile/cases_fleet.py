@@ -253,6 +253,12 @@ CASES = [
         _entry(ssh_hostname='"10.0.0.1 -oProxyCommand=x"'),
     ),
     case('sudo "yes" (a string)', "'sudo' = 'yes': expected true or false", _entry(sudo='"yes"')),
+    case(
+        'testbed "yes" (a string)',
+        "'testbed' = 'yes': expected true or false",
+        _entry(testbed='"yes"'),
+    ),
+    case("testbed 1", "'testbed' = 1: expected true or false", _entry(testbed="1")),
     case("data a list", "'data' is list: expected a mapping", _entry(data="[model]")),
     case("data false", "'data' is bool: expected a mapping", _entry(data="false")),
     case("data setting ssh_user", "'data' sets ['ssh_user']", _entry(data="{ssh_user: root}")),
