@@ -1,6 +1,6 @@
-# The local testbed (servefleet testbed up): real Debian 12 hosts without GPUs. This file-name
-# group is applied after the node class's, the engine's and the testbed_*.py files, so these
-# values override them for testbed hosts only.
+# The local testbed (servefleet testbed up): real Debian hosts (12, or 13 when the name asks:
+# NAME@trixie) without GPUs. This file-name group is applied after the node class's, the
+# engine's and the testbed_*.py files, so these values override them for testbed hosts only.
 require_gpu = False  # no GPUs in systemd-nspawn guests
 expected_arch = None  # the testbed runs on this machine's architecture
 min_free_disk_bytes = 1 * 1024**3  # guests share the host's disk

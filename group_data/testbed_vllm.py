@@ -1,8 +1,8 @@
-# vLLM hosts of the local testbed (any node class): Debian 12 guests without GPUs (Python 3.11,
-# x86_64). Applied after group_data/vllm.py and before group_data/testbed.py. The real unit, the real
-# venv and patch, the real checkpoint layout; only the executable differs: the vLLM engine
-# stand-in (servefleet_dev/standin/), which replays the real engine's startup lines recorded on
-# an H200 for exactly this checkpoint and these two values.
+# vLLM hosts of the local testbed (any node class): Debian guests without GPUs (each release's own
+# Python, x86_64). Applied after group_data/vllm.py and before group_data/testbed.py. The real unit,
+# the real venv and patch, the real checkpoint layout; only the executable differs: the vLLM engine
+# stand-in (servefleet_dev/standin/), which replays the real engine's startup lines recorded on an
+# H200 for exactly this checkpoint and these two values.
 vllm_executable = "/var/cache/servefleet/standin/vllm-standin"  # the engine stand-in (testbed only; root-owned)
 max_model_len = 4096  # a combination recorded on the H200: 2,957,684 tokens, 722.09x
 kv_cache_memory_bytes = 2 * 1024**3  # with max_model_len 4096 (tests/fixtures/h200/vllm/index.json)

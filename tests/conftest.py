@@ -163,7 +163,13 @@ E2E_HALVES = {
         "test_fleet_report",
         "test_zz_teardown",
     ],
-    "e2e-llama": ["test_drift_recipes", "test_llamacpp", "test_rollout", "test_rtx4090_vllm"],
+    "e2e-llama": [
+        "test_drift_recipes",
+        "test_llamacpp",
+        "test_rollout",
+        "test_rtx4090_vllm",
+        "test_debian13",
+    ],
 }
 _HALF_OF = {
     module: (half, pos)

@@ -172,24 +172,30 @@ def probe_script(
 
 
 # systemd-run's own lines around the probe's output (without --quiet it reports how the main
-# process ended: "Main processes terminated with: code=exited/status=216/GROUP").
+# process ended: "Main processes terminated with: code=exited/status=216" on systemd 252,
+# "code=exited, status=216/GROUP" on 257, which names every status; IO accounting adds "IO
+# bytes" lines). Captures of both: tests/fixtures/systemd/systemd-run-*.txt.
 SYSTEMD_RUN_LINES = shlex.quote(
     "^Running as unit: \\|^Finished with result: \\|^Main processes terminated with: \\|"
-    "^Service runtime: \\|^CPU time consumed: \\|^Memory peak: \\|^IP traffic "
+    "^Service runtime: \\|^CPU time consumed: \\|^Memory peak: \\|^IP traffic \\|^IO bytes "
 )
 
-# The one line: the probe's last line of its own (e.g. "Permission denied") and systemd's verdict;
-# SIGSYS means a system call outside SystemCallFilter= (the filter kills the process).
+# The one line: the probe's last line of its own (e.g. "Permission denied") and systemd's verdict,
+# its status named where systemd left it a number (as later systemd names it); SIGSYS means a
+# system call outside SystemCallFilter= (the filter kills the process).
 EXPLAIN_AWK = shlex.quote(
     r'/^Main processes terminated with: / { sub(/^Main processes terminated with: /, ""); '
     r"verdict = $0; next } "
     r"/^(Running as unit|Finished with result|Service runtime|CPU time consumed|Memory peak|"
-    r"IP traffic)/ { next } NF { last = $0 } "
-    r'END { if (verdict ~ /status=(31\/)?SYS/) verdict = verdict " (a system call outside '
-    r'SystemCallFilter=)"; if (verdict ~ /status=203/) verdict = verdict " (EXEC)"; '
-    r'if (verdict ~ /status=21[67]$/) verdict = verdict " (USER/GROUP)"; '
-    r'if (verdict ~ /status=226/) verdict = verdict " (NAMESPACE: a ReadWritePaths= or other '
-    r'mount of the sandbox failed)"; print last ((last != "" && verdict != "") ? "; " : "") verdict }'
+    r"IP traffic|IO bytes)/ { next } NF { last = $0 } "
+    r'END { sub(/status=203$/, "status=203/EXEC", verdict); '
+    r'sub(/status=216$/, "status=216/GROUP", verdict); '
+    r'sub(/status=217$/, "status=217/USER", verdict); '
+    r'sub(/status=226$/, "status=226/NAMESPACE", verdict); '
+    r'if (verdict ~ /status=(31\/)?SYS$/) verdict = verdict " (a system call outside '
+    r'SystemCallFilter=)"; if (verdict ~ /status=226\/NAMESPACE$/) verdict = verdict " (a '
+    r'ReadWritePaths= or other mount of the sandbox failed)"; '
+    r'print last ((last != "" && verdict != "") ? "; " : "") verdict }'
 )
 
 

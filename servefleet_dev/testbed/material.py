@@ -21,10 +21,11 @@ import tempfile
 from pathlib import Path
 
 from servefleet.core.groupdata import load_group
+from servefleet.fleet.registry import parse_role
 from servefleet_dev.hub import publish
 from servefleet_dev.standin.install import EXECUTABLE_NAME, install
-from servefleet_dev.testbed import guest, hosts
-from servefleet_dev.testbed.platforms import ARCHES
+from servefleet_dev.testbed import guest, hosts, toolchain
+from servefleet_dev.testbed.platforms import ARCHES, emulated
 from servefleet_dev.testbed.services import hub_root
 from servefleet_dev.testbed.state import load_state
 from servefleet_dev.testing.llama_build import llama_host_build
@@ -130,13 +131,37 @@ def llama_mirror() -> dict[str, str]:
     return found
 
 
+def served_by(role: str) -> str | None:
+    """The engine a testbed host of this role serves with (`rtx4090` and `spark-llamacpp`:
+    llamacpp), None for the depot."""
+    served = parse_role(role)[1]
+    return served.name if served else None
+
+
+def llamacpp_releases() -> set[str]:
+    """The Debian release of every running llama.cpp host (any node class) of this machine's
+    architecture (from the testbed's state: the release its image was built for; an emulated
+    host's compiler fills no cache a native one reads)."""
+    return {
+        rec.release
+        for rec in load_state().hosts.values()
+        if served_by(rec.role) == "llamacpp" and rec.pid and not emulated(rec.arch)
+    }
+
+
 def pin_in_ccache() -> Path:
     """The pin compiled once on this machine, into the ccache every guest shares (the recipe's
     build.sh with the testbed's flags: llama_build). Parallel test workers converge rtx4090
     hosts of two testbeds at once; without this, both guests would compile the same source cold
     side by side. Under the build's file lock, so the first caller builds and the others wait;
-    afterwards a guest's build is cache hits only (seconds)."""
-    return llama_host_build(tag=RTX4090["llamacpp_tag"])
+    afterwards a guest's build is cache hits only (seconds). A running llama.cpp host of a
+    release whose compiler is not this machine's (Debian 13's gcc 14 on a Debian 12 machine)
+    gets the pin compiled with that release's own toolchain too (testbed.toolchain)."""
+    binary = llama_host_build(tag=RTX4090["llamacpp_tag"])
+    for release in sorted(llamacpp_releases()):
+        if toolchain.needs_own_toolchain(release):
+            toolchain.pin_in_ccache(release)
+    return binary
 
 
 STANDIN_DIR = "standin"  # under the shared caches: guests see /var/cache/servefleet/standin

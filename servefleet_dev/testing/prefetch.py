@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 import time
 
+from servefleet_dev.testbed import toolchain
+from servefleet_dev.testbed.platforms import RELEASES
 from servefleet_dev.testing.llama_build import llama_host_build
 from servefleet_dev.testing.llama_src import RELEASE_TAG
 from servefleet_dev.testing.wheels import vllm_venv
@@ -21,9 +23,21 @@ from servefleet_dev.testing.wheels import vllm_venv
 # The testbed's pin (b9785) first: the e2e tier's rtx4090 material waits for it (testbed.material
 # .pin_in_ccache, same lock), then the guests compile it from the cache. The rollout's upgrade
 # (b9785-patch1) changes no compiled code: the guests build it from the same cache.
+# Then the pin with the toolchain of each Debian release the testbed runs whose compiler is
+# not this machine's (Debian 13's gcc 14 on a Debian 12 machine: testbed.toolchain): a guest of
+# that release (tests/e2e/test_debian13.py) would otherwise compile it cold on the critical
+# path; its material waits on the same lock. After the loader venv, which the unit tier needs.
 STEPS = (
     (f"llama.cpp {RELEASE_TAG}", lambda: llama_host_build(tag=RELEASE_TAG)),
     ("vLLM 0.24.0 loader venv", lambda: vllm_venv("0.24.0")),
+    *(
+        (
+            f"llama.cpp {RELEASE_TAG}, {release}'s toolchain",
+            lambda release=release: toolchain.pin_in_ccache(release, log=lambda m: None),
+        )
+        for release in RELEASES
+        if toolchain.needs_own_toolchain(release)
+    ),
 )
 
 

@@ -137,11 +137,13 @@ def test_testbed_units_allow_no_device(monkeypatch):
     assert all(not ok for ok in reachable(unit, DeviceTable.read(H200)).values())
 
 
-SYSCALLS = ROOT / "tests" / "fixtures" / "systemd" / "syscall-filter-252.txt"
+# One capture per systemd version, each read from a testbed guest of the release that ships it.
+SYSCALLS = sorted((ROOT / "tests" / "fixtures" / "systemd").glob("syscall-filter-*.txt"))
 
 
-def test_the_syscall_filter_model_expands_systemd_252s_groups(rendered):
-    groups = syscall_groups(SYSCALLS.read_text())
+@pytest.mark.parametrize("capture", SYSCALLS, ids=lambda p: p.stem)
+def test_the_syscall_filter_model_expands_each_systemd_versions_groups(rendered, capture):
+    groups = syscall_groups(capture.read_text())
     allow = syscall_allow_list(rendered["vllm"], groups)
     assert {"openat", "mmap", "clone3", "socket", "ioctl", "execve", "futex"} <= allow
     assert not {"mount", "reboot", "kexec_load", "init_module", "swapon", "ptrace"} & allow
