@@ -161,7 +161,13 @@ E2E_HALVES = {
         "test_spark_llamacpp",
         "test_zz_teardown",
     ],
-    "e2e-llama": ["test_drift_recipes", "test_llamacpp", "test_rollout", "test_rtx4090_vllm"],
+    "e2e-llama": [
+        "test_drift_recipes",
+        "test_llamacpp",
+        "test_rollout",
+        "test_rtx4090_vllm",
+        "test_prometheus",
+    ],
 }
 _HALF_OF = {
     module: (half, pos)
