@@ -41,6 +41,9 @@ health_timeout_s = 600  # seconds a (re)started service may take to answer /heal
 health_settle_s = 30  # seconds a service must stay healthy after a start before it counts as up
 releases_keep = 2  # releases kept on a node, current included: the previous one serves again instantly
 
+# --- Metrics (docs/day2.md, "Prometheus") ---------------------------------------------------
+metrics_textfile_dir = "/var/lib/prometheus/node-exporter"  # node_exporter's textfile directory (Debian's default): servefleet.prom, written by converge, drift and the gates; None: no metrics file
+
 # --- Rollout performance gate (servefleet rollout; docs/rollouts.md) ------------------------
 perf_gate = True  # bench each host before its upgrade and after its health gate; a slower release is rolled back (False: health gate only)
 perf_gate_runs = 3  # measured bench requests per measurement, after one warm-up (the median counts)

@@ -168,6 +168,7 @@ E2E_HALVES = {
         "test_llamacpp",
         "test_rollout",
         "test_rtx4090_vllm",
+        "test_prometheus",
         "test_debian13",
     ],
 }

@@ -17,11 +17,13 @@ paths; nothing else spells a node path. Scripts under files/ get their paths as 
         etc/depot-key|known-hosts   fleet key and the depot's host key (nodes of a depot)
         state/                      root's records: releases.json, running.json, rollout.json,
                                     last-rollout.json (what the last rollout did here),
+                                    checks.json (the last health and drift checks),
                                     fetch requests, verified/ (which model directories are
                                     complete and verified: out of the engine's reach)
         cache/                      the service user's: HOME, HF home, engine caches (writable)
         depot/                      the depot's store (depot_store; follows a moved root)
     {models_root}/<org>--<name>/<sha>/   one model commit (the service user's; writable)
+    {metrics_textfile_dir}/servefleet.prom   node_exporter's textfile (root 0644, core.metrics)
 
 The service user writes only `cache/` and `{models_root}`; everything root executes is
 outside them and root-owned.
@@ -33,6 +35,8 @@ import posixpath
 from dataclasses import dataclass
 
 from servefleet.core.errors import DataError
+
+TEXTFILE_NAME = "servefleet.prom"  # node_exporter's textfile collector reads *.prom only
 
 UNIT_DIR = "/etc/systemd/system"
 VLLM_UNIT = "servefleet-vllm.service"
@@ -58,6 +62,7 @@ class NodeLayout:
     user: str = "servefleet"  # servefleet_user: owns cache/ and the models root
     models_root: str = ""  # "" -> {root}/models
     depot_store: str = ""  # "" -> {root}/depot
+    metrics_dir: str = ""  # metrics_textfile_dir: node_exporter's textfile directory; "": none
 
     @classmethod
     def of(cls, data) -> NodeLayout:
@@ -68,6 +73,7 @@ class NodeLayout:
             user=get("servefleet_user") or "servefleet",
             models_root=get("models_root") or "",
             depot_store=get("depot_store") or "",
+            metrics_dir=get("metrics_textfile_dir") or "",
         )
 
     def _p(self, *parts: str) -> str:
@@ -218,6 +224,16 @@ class NodeLayout:
     def running_file(self) -> str:
         """Which release the service was last (re)started with and found healthy."""
         return self._p("state", "running.json")
+
+    @property
+    def checks_file(self) -> str:
+        """The last health and drift checks (core.metrics.Checks)."""
+        return self._p("state", "checks.json")
+
+    @property
+    def metrics_textfile(self) -> str | None:
+        """servefleet's node_exporter textfile (core.metrics); None without a directory."""
+        return posixpath.join(self.metrics_dir, TEXTFILE_NAME) if self.metrics_dir else None
 
     @property
     def rollout_marker(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pyinfra.api import FactBase
 
 from servefleet.core import records as rc
+from servefleet.core.metrics import Checks
 from servefleet.core.releases import Releases, RolloutMarker
 from servefleet.core.rollout_record import WHAT, LastRollout
 
@@ -70,3 +71,20 @@ class NodeReleases(FactBase[Releases]):
             return Releases.loads(rc.from_node(output, "the release records"))
         except rc.RecordError as exc:
             return Releases(unreadable=str(exc))
+
+
+class NodeChecks(FactBase[Checks]):
+    """The node's last health and drift checks (state/checks.json) as core.metrics.Checks:
+    none when there is no record, and none (rewritten by the next check) when it is unreadable:
+    it only feeds the metrics textfile."""
+
+    default = Checks
+
+    def command(self, path: str) -> str:
+        return rc.read_command(path)
+
+    def process(self, output: list[str]) -> Checks:
+        try:
+            return Checks.loads(rc.from_node(output, "checks.json"))
+        except rc.RecordError:
+            return Checks()

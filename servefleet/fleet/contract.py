@@ -108,6 +108,7 @@ SHARED: tuple[Knob, ...] = (
     K("health_timeout_s", c.integer(1, c.SECONDS_MAX), (SERVE, ROLLOUT)),
     K("health_settle_s", c.integer(0, 86400), (SERVE, ROLLOUT)),
     K("releases_keep", c.integer(1, 100), (SERVE, ROLLOUT)),
+    K("metrics_textfile_dir", c.optional(c.ABS_PATH), (SERVE, ROLLOUT, ROLLBACK, REBUILD)),
     # --- the rollout's performance gate (servefleet.core.perf) ---------------------------------
     K("perf_gate", c.BOOL, (ROLLOUT,)),
     K("perf_gate_runs", c.integer(1, 100), (ROLLOUT, BENCH)),

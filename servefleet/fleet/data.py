@@ -161,6 +161,7 @@ def value_problems(host: HostData, data: Mapping, recipe: str | None = None) -> 
         )
     problems += layout_problems(data)
     problems += root_reads_problems(data)
+    problems += metrics_dir_problems(data)
     return problems
 
 
@@ -287,6 +288,32 @@ def root_reads_problems(data: Mapping) -> list[str]:
                 f"directory only root writes"
             )
     return problems
+
+
+def metrics_dir_problems(data: Mapping) -> list[str]:
+    """node_exporter's textfile directory (metrics_textfile_dir), where root writes what
+    Prometheus is told: inside an allow-listed parent only root writes, and outside
+    servefleet_root's tree and the service user's directories (no engine can change it)."""
+    path = data.get("metrics_textfile_dir")
+    if not isinstance(path, str):
+        return []
+    root = data.get("servefleet_root") or ""
+    theirs = [
+        d for d in (root, data.get("models_root"), data.get("depot_store")) if isinstance(d, str)
+    ]
+    if not any(c.inside(path, p) for p in ROOT_READ_PARENTS):
+        return [
+            f"key 'metrics_textfile_dir' = {path!r}: root writes servefleet's metrics there; "
+            f"expected a directory inside {', '.join(ROOT_READ_PARENTS)}, which only root "
+            f"writes (e.g. /var/lib/prometheus/node-exporter)"
+        ]
+    for d in theirs:
+        if d and (path == d or c.inside(path, d) or c.inside(d, path)):
+            return [
+                f"key 'metrics_textfile_dir' = {path!r} overlaps {d}, servefleet's own tree "
+                f"or the service user's; expected node_exporter's directory, apart from them"
+            ]
+    return []
 
 
 def normalised(data: Mapping) -> dict:

@@ -9,15 +9,23 @@ check (Engine.health_args).
 
 from __future__ import annotations
 
+import posixpath
+
 from pyinfra.api.operation import OperationMeta
-from pyinfra.facts.files import Sha1File
+from pyinfra.facts.files import File, Sha1File, Sha256File
 
 from servefleet.core.declarations import Engine
 from servefleet.core.layout import NodeLayout, api_url
 from servefleet.core.secrets import read_secret
-from servefleet.facts.releases import NodeReleases, RunningRelease
+from servefleet.facts.node import PathStat
+from servefleet.facts.releases import NodeChecks, NodeReleases, RunningRelease
 from servefleet.facts.systemd import UnitState
-from servefleet.operations import files, health as health_ops, releases as release_ops
+from servefleet.operations import (
+    files,
+    health as health_ops,
+    metrics as metrics_ops,
+    releases as release_ops,
+)
 from servefleet.recipes import base
 from servefleet.recipes.service import AnyChanged, ServiceRun
 
@@ -32,12 +40,21 @@ def service_reads(lay: NodeLayout, unit: str) -> list:
     """The reads of a serving recipe's plan about its service: the release records, the running
     release, and what the drift check reads besides (servefleet.verbs.deep_drift: the unit's
     hash and state), so drift sends no more commands than a no-op converge."""
-    return [
+    reads = [
         (NodeReleases, {"path": lay.releases_file}),
         (RunningRelease, {"path": lay.running_file}),
         (Sha1File, {"path": lay.unit_path(unit)}),
         (UnitState, {"unit": unit}),
     ]
+    if lay.metrics_textfile:  # the metrics step (servefleet.operations.metrics.textfile)
+        path = lay.metrics_textfile
+        reads += [
+            (NodeChecks, {"path": lay.checks_file}),
+            (PathStat, {"path": posixpath.dirname(path)}),
+            (File, {"path": path}),
+            (Sha256File, {"path": path}),
+        ]
+    return reads
 
 
 def api_key(env_file: str | None = None, env_var: str | None = None) -> AnyChanged:
@@ -118,3 +135,11 @@ def health(label: str, svc: ServiceRun, gate: dict, engine: Engine) -> None:
         release=svc.release_of,
         _if=svc.started,
     )
+    if lay.metrics_textfile:
+        metrics_ops.textfile(
+            name="servefleet metrics for node_exporter",
+            path=lay.metrics_textfile,
+            releases_file=lay.releases_file,
+            checks_file=lay.checks_file,
+            health_ran=svc.started,
+        )

@@ -50,6 +50,8 @@ def remove_tree(purge_models: bool = False):
         if path in keep or any(inside(k, path) for k in keep):
             continue  # 69 GB is not worth fetching again: kept unless asked
         files.directory(name=f"Remove {path}", path=path, present=False)
+    if lay.metrics_textfile:  # a torn-down node tells Prometheus nothing
+        files.file(name=f"Remove {lay.metrics_textfile}", path=lay.metrics_textfile, present=False)
     if purge_models and not inside(lay.models_dir, lay.root):
         for entry in host.get_fact(DirEntries, path=lay.models_dir):
             if node_output.shown(entry) != entry:  # a name with bytes no command can name

@@ -20,8 +20,9 @@ from pyinfra_cli.util import exec_file
 
 from servefleet.core.drift_items import ALWAYS, CONDITIONAL, DRIFTED, IN_SYNC, Item
 from servefleet.core.errors import Exit
+from servefleet.fleet import registry
 from servefleet.fleet.data import recipe_of
-from servefleet.verbs import session as api
+from servefleet.verbs import metrics, session as api
 from servefleet.verbs.deep_drift import deep_items
 
 UNCHECKED = "unchecked"
@@ -155,6 +156,15 @@ def check(
                 rep.items = result
                 if any(i.state == DRIFTED for i in rep.items):
                     rep.status = DRIFTED
+            recipe = recipe_of(deploy_path)
+            if recipe in registry.serving_deploys():  # the node's whole serving state: recorded
+
+                def note(host):
+                    rep = report.hosts[host.name]
+                    if rep.status != UNCHECKED and registry.applies(recipe, host.groups):
+                        metrics.refresh(host, drift=rep.status == IN_SYNC, read=False)
+
+                sess.each(note)
     finally:
         pyinfra_operation.generate_operation_name = _original_generate_name
     return report

@@ -12,6 +12,7 @@ from servefleet.facts.releases import NodeReleases
 from servefleet.fleet import registry
 from servefleet.operations import health
 from servefleet.operations.node import run
+from servefleet.verbs import metrics
 
 
 def gate(host, **overrides) -> tuple[bool, str, float]:
@@ -39,6 +40,7 @@ def gate(host, **overrides) -> tuple[bool, str, float]:
     argv = health.argv(**{**generic, **overrides}, extra=lambda: engine.health_args(own, True))
     ok, out, err = run(host, " ".join(shlex.quote(a) for a in argv))
     seconds = time.monotonic() - started
+    metrics.refresh(host, health=ok)  # the textfile says it; the gate's verdict is the report
     report = {}
     for line in reversed(out.strip().splitlines()):
         try:

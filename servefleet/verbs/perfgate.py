@@ -21,6 +21,7 @@ from servefleet.core.releases import Releases, with_perf
 from servefleet.facts.releases import NodeReleases
 from servefleet.operations.files import put
 from servefleet.operations.node import run
+from servefleet.verbs import metrics
 from servefleet.verbs.bench import bench_host
 
 OFF_BY_FLAG = "off (--no-perf-gate)"
@@ -50,7 +51,10 @@ def keep(host, figures: perf.Figures) -> bool:
         return False
     updated = with_perf(kept, kept.current.id, figures.to_json())
     path = NodeLayout.of(host.data).releases_file
-    return updated is not None and put(host.state, host, path, updated.dumps().encode())
+    kept_now = updated is not None and put(host.state, host, path, updated.dumps().encode())
+    if kept_now:
+        metrics.refresh(host)  # the gate's figures of each release, in the textfile
+    return kept_now
 
 
 def serving_unit(host) -> str | None:

@@ -295,6 +295,22 @@ ROOT_READ_CASES = [
         {"pip_find_links": ["/opt/servefleet/depot/x"]},
         "is inside /opt/servefleet/depot",
     ),
+    # metrics_textfile_dir: root writes what Prometheus is told; no other account may change it.
+    case(
+        "metrics_textfile_dir in /tmp",
+        {"metrics_textfile_dir": "/tmp/metrics"},
+        "key 'metrics_textfile_dir' = '/tmp/metrics': root writes servefleet's metrics there",
+    ),
+    case(
+        "metrics_textfile_dir in the service user's models root",
+        {"metrics_textfile_dir": "/opt/servefleet/models/prom"},
+        "overlaps /opt/servefleet",
+    ),
+    case(
+        "metrics_textfile_dir walking out of /var/lib",
+        {"metrics_textfile_dir": "/var/lib/../../tmp"},
+        "'metrics_textfile_dir' = '/var/lib/../../tmp'",
+    ),
 ]
 
 
