@@ -84,14 +84,19 @@ def unit_with(unit: str, extra: list[str]) -> str:
 def switch(host, unit_text: str) -> float:
     """Serve unit_text: written, reloaded, restarted, then the rollout's health gate."""
     started = time.monotonic()
+    # The unit as read back has no final newline: without one the here-document's end marker
+    # would not start a line, and the rest of the script would become part of the unit.
+    body = unit_text.rstrip("\n") + "\n"
     script = (
-        f"cat > {UNIT}.new <<'SERVEFLEET_EOF'\n{unit_text}SERVEFLEET_EOF\n"
+        f"cat > {UNIT}.new <<'SERVEFLEET_EOF'\n{body}SERVEFLEET_EOF\n"
         f"mv -f {UNIT}.new {UNIT} && systemctl daemon-reload && "
         f"systemctl restart servefleet-llama.service"
     )
     ok, _, err = run(host, f"sh -c {shlex.quote(script)}")
     if not ok:
         raise SystemExit(f"switch failed: {err[-500:]}")
+    if run(host, f"cat {UNIT}")[1].rstrip("\n") != unit_text.rstrip("\n"):
+        raise SystemExit("switch failed: the unit on the node is not the one written")
     ok, said, _ = gate(host)
     if not ok:
         raise SystemExit(f"health gate failed after the switch: {said}")
