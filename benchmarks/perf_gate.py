@@ -53,12 +53,12 @@ from servefleet_dev.testing.pyinfra_cli import pyinfra  # noqa: E402
 
 INVENTORY, Q4, HOST = "inventory/testbed.py", "deploys/serve_q4_llamacpp.py", "rtx4090-1"
 UNIT = "/etc/systemd/system/servefleet-llama.service"
-# Release B's llama-server arguments after the testbed's --threads 1 (calibrated with
-# --calibrate on the idle machine: the change the gate sees, median of 10 measurements).
+# Release B's llama-server arguments after the testbed's --threads 1 (--calibrate measures the
+# change the gate sees: A and B alternately, medians).
 RELEASES = {
     "same": [],
     # The prompt evaluated one token per batch: +83 % TTFT without CPU waits in the e2e test's
-    # run beside a compile (a smaller --ubatch-size barely shows: 2 and 4 measured +6 %, +7 %).
+    # run beside a compile; +120 % measured outside a guest (same build and model, -c 65536).
     "ttft": ["--ubatch-size", "1"],
 }
 SHOULD_FAIL = {"same": False, "ttft": True}
