@@ -32,7 +32,11 @@ health_timeout_s = 120  # the tiny model loads in seconds
 health_settle_s = 3  # a crash loop shows within seconds here
 # The performance gate on two shared cores (benchmarks/perf_gate.py; docs/rollouts.md): a tiny model
 # on a CPU, beside other tests' converges and compiles, decodes between 200 and 1,400 tok/s from one
-# minute to the next, far noisier than a GPU; decode gets twice the default's margin, TTFT keeps +25 %.
+# minute to the next, far noisier than a GPU; decode gets twice the default's margin. TTFT is tens of
+# milliseconds here, so scheduler jitter on a compile's busy cores is a large share of it: a release
+# equally fast measured +25 % and more in both gate measurements and was rolled back (CI, 2026-12-06);
+# +40 % still fails the slow release the tests use (--ubatch-size 1: +83 % to +195 %).
 perf_gate_decode_drop_pct = 20  # wider than the default: the testbed's CPU decode is noisy
+perf_gate_ttft_rise_pct = 40  # wider than the default's 25 %: TTFT of tens of ms on shared cores
 perf_gate_runs = 5  # the tiny model decodes ~1,000 tok/s: more and longer requests than a real node needs
 perf_gate_max_tokens = 256  # a decode window of ~0.25 s, not 0.06 s: scheduler jitter is a smaller share

@@ -186,7 +186,7 @@ def test_a_slower_release_fails_the_performance_gate_and_is_rolled_back(llama_fl
         )
     else:
         assert f"TTFT {before[ttft]:.3f} -> {after[ttft]:.3f} s" in r["perf"]
-        assert after[ttft] > 1.25 * before[ttft]
+        assert after[ttft] > 1.40 * before[ttft]  # the testbed's perf_gate_ttft_rise_pct
     # Back on the faster release; the node keeps both measurements.
     current = agree(th, host)
     assert release_id(current) == release_id(fast) and "--ubatch-size" not in current["unit_text"]

@@ -87,8 +87,15 @@ def test_one_pass_over_proc_finds_each_hosts_processes(cache):
     one = subprocess.Popen([*sleeper, f"{base1}/root"])
     ten = subprocess.Popen([*sleeper, f"{base10}/root"])
     try:
-        found = hosts._procs_of_each([base1, base10])
-        assert found == {base1: [one.pid], base10: [ten.pid]}  # depot-1 is not depot-10
+        want = {base1: [one.pid], base10: [ten.pid]}  # depot-1 is not depot-10
+        deadline = time.monotonic() + 10
+        # A process just started may be mid-exec for a moment (its /proc entries unreadable):
+        # the scan is repeated as stop_many repeats it, until both are seen or time is up.
+        while (found := hosts._procs_of_each([base1, base10])) != want:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert found == want
         t0 = time.monotonic()
         hosts.stop_many({"depot-1": one.pid, "depot-10": None}, timeout=5)
         assert one.wait(5) is not None and ten.wait(5) is not None  # SIGTERM, then SIGKILL
