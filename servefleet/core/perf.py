@@ -276,3 +276,29 @@ def short(doc) -> str | None:
     """A release record's figures for a table cell ("41.2 tok/s, TTFT 0.120 s"), or None."""
     fig = Figures.from_json(doc)
     return fig.short if fig else None
+
+
+def slowdown_pct(name: str, faster: float | None, slower: float | None) -> float | None:
+    """How much slower `slower` is than `faster` in figure `name`, in % of the time a request
+    takes (decode: tok/s, so the inverse ratio; TTFT: seconds); negative where it is faster."""
+    fast, slow = measured(faster), measured(slower)
+    if fast is None or slow is None:
+        return None
+    return (fast / slow - 1) * 100 if name == "decode" else (slow / fast - 1) * 100
+
+
+def beyond_swing(name: str, before: Figures, now: Figures, after: Figures) -> bool:
+    """The new release (`after`) is slower in figure `name` than the previous release measured
+    before it and again after it (`before`, `now`) by more than that release's own swing
+    between those two measurements: more than the node's own noise over the same window
+    could make it."""
+    own = before.has_own and now.has_own and after.has_own
+    key = {"decode": "decode_tok_s", "TTFT": "ttft_s"}[name]
+    key = f"own_{key}" if own else key
+    prev = [getattr(before, key), getattr(now, key)]
+    fast, slow = sorted(prev, reverse=name == "decode")  # the previous release's best, worst
+    swing, regression = (
+        slowdown_pct(name, fast, slow),
+        slowdown_pct(name, slow, getattr(after, key)),
+    )
+    return swing is not None and regression is not None and regression > swing

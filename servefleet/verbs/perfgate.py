@@ -213,7 +213,9 @@ def bracket(
     node as it is now): a slower release is slower than its predecessor on both sides of it in
     time; if the previous release is now just as slow, it was the node. And where the previous
     release itself measured differently before and after by more than a threshold, the node's
-    speed moved as much as the gate tries to see: the verdict is inconclusive, not a rollback.
+    speed moved as much as the gate tries to see, and unless the new release is slower than
+    that swing too, the verdict is inconclusive, not a rollback. Only a figure the new release
+    failed on against both measurements counts (a decode swing says nothing of TTFT).
     A previous release that cannot be measured again leaves the verdict as it was (the safe
     one)."""
     figs = [f for f in again if isinstance(f, perf.Figures)]
@@ -227,12 +229,15 @@ def bracket(
             f"against the previous release measured again {verdict.text} (before the "
             f"upgrade it measured {before.short}): the node slowed down, not the release"
         )
-    moved = perf.compare(before, now, th).failed or perf.compare(now, before, th).failed
-    if moved:
+    # A figure the new release failed on against both measurements of the previous one, each
+    # against that release's own swing: slower than the swing is slower whatever the node did.
+    both = [n for n in verdict.failed if n in perf.compare(before, after, th).failed]
+    moved = set(perf.compare(before, now, th).failed) | set(perf.compare(now, before, th).failed)
+    if not any(n not in moved or perf.beyond_swing(n, before, now, after) for n in both):
         return perf.INCONCLUSIVE, (
             f"the previous release measured {before.short} before the upgrade and "
-            f"{now.short} after it: the node's own speed moved more than a threshold, so the "
-            f"new release cannot be judged slower"
+            f"{now.short} after it: the node's own speed moved more than a threshold and more "
+            f"than the new release is slower, so it cannot be judged slower"
         )
     return perf.FAIL, f"slower than the previous release measured again too ({now.short})"
 

@@ -469,6 +469,25 @@ def test_a_node_whose_own_speed_moved_cannot_blame_the_release():
     )
 
 
+def test_a_release_slower_than_the_nodes_own_swing_is_rolled_back_whatever_the_node_did():
+    """The previous release moved by more than a threshold between its two measurements, but the
+    new release is slower than even its slower one by more than that swing: slower, whatever the
+    node did. And only the figure that failed counts: the perf_gate benchmark's TTFT-slow release
+    (+130 %) beside a decode that swung 30 % was held inconclusive before this rule."""
+    from servefleet.verbs.perfgate import bracket
+
+    # Decode: 1000 before, 1300 again (a 30 % swing), 600 on the new release (-40 % of the slower).
+    before, after = fig(1000.0, 0.070), fig(600.0, 0.070)
+    assert bracket(before, [fig(1300.0, 0.070)] * 2, after, TH)[0] == perf.FAIL
+    # 800 on the new release: 25 % slower than the slower measurement, within the 30 % swing.
+    assert bracket(before, [fig(1300.0, 0.070)] * 2, fig(800.0, 0.070), TH)[0] == (
+        perf.INCONCLUSIVE
+    )
+    # TTFT +130 % against a previous release steady in TTFT; its decode swung 30 %.
+    state, said = bracket(before, [fig(1300.0, 0.068)] * 2, fig(1000.0, 0.160), TH)
+    assert state == perf.FAIL and "measured again too" in said, said
+
+
 def test_a_host_rolled_back_only_because_the_node_slowed_is_upgraded_again(gate, monkeypatch):
     """The rollout, around bracket(): the host the node's load made slower is converged to the
     new release again, health-gated, counted as upgraded with both verdicts named and its record
@@ -534,7 +553,8 @@ def test_a_host_rolled_back_only_because_the_node_slowed_is_upgraded_again(gate,
     script.update(
         loaded=[fig(905.0, 0.09)] * 2,
         slower=[fig(1255.0, 0.07)] * 2,
-        unsteady=[fig(1600.0, 0.05)] * 2,  # 28 % faster than its own baseline
+        # 60 % faster than its own baseline: a swing larger than the new release's -28 %
+        unsteady=[fig(2000.0, 0.05)] * 2,
         flaky=[fig(890.0, 0.09)] * 2,
     )
     up = r._bracket(list(hosts))
