@@ -3,7 +3,7 @@ detections of a slower one, inconclusive verdicts, and what the gate costs a hos
 beside a background load.
 
     SERVEFLEET_TESTBED_INSTANCE=40 .venv/bin/python benchmarks/perf_gate.py \\
-        [--trials 30] [--loads idle,compile] [--releases same,decode,ttft] [--traces FILE]
+        [--trials 30] [--loads idle,compile] [--releases same,ttft] [--traces FILE]
     .venv/bin/python benchmarks/perf_gate.py --judge FILE      # the rule again, on saved traces
 
 One rtx4090 host (the real llama-server b9785, CPU build, the tiny GGUF, the recipe's unit)
@@ -17,9 +17,10 @@ verdict is then the rollout's rule (verbs.perfgate.judge) on the trace, taking m
 the order the rollout would, only as many as it would: with the load independent of the
 verdict, that is the verdict the rollout would have reached.
 
-Releases B: `same` is A restarted (an equally fast release: every rollback is false);
-`decode` decodes about 30 % slower and `ttft` has about 50 % higher TTFT (both must be rolled
-back; their server arguments, below, were measured with this benchmark's --calibrate).
+Releases B: `same` is A restarted (an equally fast release: every rollback is false); `ttft`
+(`--ubatch-size 1`) has about 130 % higher TTFT and must be rolled back (measured with this
+benchmark's --calibrate). No llama-server argument was found that makes the tiny model decode
+30 % slower on the testbed (it already runs `--threads 1`), so there is no decode release.
 Loads: `idle` (nothing else of ours runs: a test session on the machine still does), `compile`
 (one llama.cpp compile at normal priority, servefleet_dev.testing.load, through every
 measurement of the condition).

@@ -23,11 +23,11 @@ import argparse
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 os.environ.setdefault("SERVEFLEET_TESTBED_INSTANCE", "9")
 
-from servefleet_dev.testbed import hosts, lifecycle, net  # noqa: E402
+from servefleet_dev.testbed import lifecycle  # noqa: E402
+from servefleet_dev.testbed.leftovers import leftovers  # noqa: E402
 from servefleet_dev.testbed.state import testbed_dir  # noqa: E402
 from servefleet_dev.testing.procstat import Measured, run_measured  # noqa: E402
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT  # noqa: E402
@@ -35,35 +35,6 @@ from servefleet_dev.testing.pyinfra_cli import REPO_ROOT  # noqa: E402
 UP_NOFILE, UP_BOUND = 256, 80
 DOWN_NOFILE, DOWN_BOUND = 64, 32
 SERVEFLEET = [sys.executable, "-m", "servefleet.cli"]
-
-
-def leftovers() -> list[str]:
-    """What of this instance is still there after `down`."""
-    tree = str(testbed_dir()) + "/"
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            root = os.readlink(proc / "root")
-        except OSError:
-            continue
-        upper = hosts.guest_upper(int(proc.name)) or ""
-        if tree in cmd or root.startswith(tree) or upper.startswith(tree):
-            if hosts.running(int(proc.name)):
-                found.append(f"process {proc.name}: {cmd[:160]} {upper}")
-        elif b"slirp4netns" in cmd.encode() and str(net.NETNS_PATH) in cmd:
-            found.append(f"slirp4netns {proc.name}")
-        elif "servefleet_dev.hub serve" in cmd and f"--host {net.HOST_ADDR} " in cmd:
-            found.append(f"hub {proc.name}")
-    with open("/proc/self/mounts") as fh:
-        found += [f"mount {ln.split()[1]}" for ln in fh if ln.split()[1].startswith(tree)]
-    if net.NETNS_PATH.exists():
-        found.append(f"namespace {net.NETNS_PATH}")
-    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
-    found += [f"route {ln}" for ln in routes.splitlines() if str(net.SUBNET) in ln]
-    return found
 
 
 def report(what: str, m: Measured, n: int) -> None:

@@ -2,7 +2,6 @@
 # NAME@trixie) without GPUs. This file-name group is applied after the node class's, the
 # engine's and the testbed_*.py files, so these values override them for testbed hosts only.
 require_gpu = False  # no GPUs in systemd-nspawn guests
-expected_arch = None  # the testbed runs on this machine's architecture
 min_free_disk_bytes = 1 * 1024**3  # guests share the host's disk
 model_min_free_disk_bytes = 0  # the tiny models need nothing beyond it
 # Host-side caches bind-mounted into every guest (servefleet_dev/testbed/state.py, shared_dir).

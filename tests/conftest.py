@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 # Before anything imports the testbed: the tests' own instance (namespace, subnet, state), never
@@ -34,10 +35,9 @@ from servefleet.fleet.registry import parse_role  # noqa: E402
 from servefleet_dev.testbed import (  # noqa: E402
     hosts as tb_hosts,
     lifecycle,
-    net as tb_net,
-    state as tb_state,
 )
 from servefleet_dev.testbed.image import ADMIN_USER  # noqa: E402
+from servefleet_dev.testbed.leftovers import leftovers  # noqa: E402
 from servefleet_dev.testbed.state import known_hosts_path, load_state  # noqa: E402
 
 SESSION_HOSTS = ["spark-1", "rtx4090-1", "depot-1"]
@@ -60,30 +60,29 @@ def testbed():
                 raise RuntimeError(f"still running after the testbed went down: {left}")
 
 
-def leftovers(netns_inode) -> list[str]:
-    """Processes of this testbed instance still alive: in its namespace, or running from or
-    naming its tree."""
-    tree = str(tb_state.testbed_dir()) + "/"
-    found = [
-        f"pid {p} (in the testbed's network namespace)"
-        for p in tb_net.pids_in_netns({netns_inode} if netns_inode else set())
-    ]
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            root = os.readlink(proc / "root")
-        except OSError:
-            continue
-        upper = tb_hosts.guest_upper(int(proc.name)) or ""  # a guest's: its root reads "/"
-        if (tree in cmd or root.startswith(tree) or upper.startswith(tree)) and tb_hosts.running(
-            int(proc.name)
-        ):
-            found.append(
-                f"pid {proc.name}: {cmd[:200]}" + (f" (guest of {upper})" if upper else "")
-            )
-    return found
+@contextmanager
+def hosts_of_their_own(specs: list[str], log):
+    """`specs` up on this worker's instance: beside the session's hosts where those run here
+    (one worker runs every module), else on a testbed of their own, taken down after them and
+    checked for leftovers like the session's."""
+    shared = bool(load_state().hosts)
+    lifecycle.up(specs, log=log)
+    try:
+        yield load_state()
+    finally:
+        if os.environ.get("SERVEFLEET_KEEP_TESTBED"):
+            pass
+        elif shared:
+            for spec in specs:
+                name = spec.split("@", 1)[0]
+                if name in load_state().hosts:
+                    lifecycle.rm(name, log=log)
+        else:
+            inode = load_state().netns_inode
+            lifecycle.down(log=log)
+            left = leftovers(inode)
+            if left:
+                raise RuntimeError(f"still running after the testbed went down: {left}")
 
 
 @pytest.fixture(scope="session")
@@ -141,12 +140,14 @@ def fleet_file(testbed, ssh_key, tmp_path):
     return make
 
 
-# The e2e tier in two halves, each on its own testbed instance in its own worker, side by side
-# with a third worker running the unit and hostile tiers (`-n 3`, pytest_xdist_make_scheduler). The halves
-# are balanced by measured time (docs/evidence.md, "Test time"); each module converges the hosts it
-# needs, so a module does not depend on which half ran before it. Within a half, modules run in
-# this order; test_zz_teardown, which takes its instance down, comes last in its half.
-E2E_HALVES = {
+# The e2e tier in three parts, each on its own testbed instance in its own worker (`-n 3`,
+# pytest_xdist_make_scheduler), balanced by measured time (docs/evidence.md, "Test time"): the
+# platforms part (the arm64 guest, Debian 13, the engine combinations) is the shortest, so its
+# worker then takes most of the unit and hostile tiers. Each module converges the hosts it needs,
+# so a module does not depend on which part ran before it. Within a part, modules run in this
+# order; test_zz_teardown, which takes its instance down, comes last in its part.
+E2E_PARTS = {
+    "e2e-platforms": ["test_arm64", "test_debian13", "test_rtx4090_vllm", "test_spark_llamacpp"],
     "e2e-hosts": [
         "test_testbed",
         "test_node_output",
@@ -159,7 +160,6 @@ E2E_HALVES = {
         "test_rebuild",
         "test_demo",
         "test_first_node",
-        "test_spark_llamacpp",
         "test_fleet_report",
         "test_zz_teardown",
     ],
@@ -167,39 +167,35 @@ E2E_HALVES = {
         "test_drift_recipes",
         "test_llamacpp",
         "test_rollout",
-        "test_rtx4090_vllm",
         "test_prometheus",
-        "test_debian13",
     ],
 }
-_HALF_OF = {
-    module: (half, pos)
-    for half, modules in E2E_HALVES.items()
-    for pos, module in enumerate(modules)
+_PART_OF = {
+    module: (half, pos) for half, modules in E2E_PARTS.items() for pos, module in enumerate(modules)
 }
 
 
 def pytest_collection_modifyitems(config, items):
-    """The halves' tests first, each half's modules in their order: the first two workers
-    start on them while the third takes the rest."""
+    """The e2e parts' tests first, each part's modules in their order: each worker starts on one,
+    and the unit and hostile tiers go to whichever is free."""
 
     def key(item):
         module = Path(str(item.fspath)).stem
         if _tier(item.nodeid) != "e2e":
             return (1, "", 0)
-        if module not in _HALF_OF:
+        if module not in _PART_OF:
             raise pytest.UsageError(
                 f"{item.nodeid}: e2e module not in tests/conftest.py "
-                "E2E_HALVES (every e2e module belongs to one half)"
+                "E2E_PARTS (every e2e module belongs to one part)"
             )
-        half, pos = _HALF_OF[module]
+        half, pos = _PART_OF[module]
         return (0, half, pos)
 
     items.sort(key=key)  # stable: each module keeps its own order
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scope scheduling, with each e2e half one scope (one worker runs it, in order)
+    """xdist's scope scheduling, with each e2e part one scope (one worker runs it, in order)
     and every other test a scope of its own (any worker). Not `--dist loadgroup`: it marks
     groups by rewriting node ids, which pytest 9.2's structured node ids no longer allow."""
     from xdist.scheduler import LoadScopeScheduling
@@ -207,8 +203,8 @@ def pytest_xdist_make_scheduler(config, log):
     class Halves(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
-            if _tier(nodeid) == "e2e" and module in _HALF_OF:
-                return _HALF_OF[module][0]
+            if _tier(nodeid) == "e2e" and module in _PART_OF:
+                return _PART_OF[module][0]
             return nodeid
 
     return Halves(config, log)
@@ -237,7 +233,7 @@ _NICED: list = []
 
 
 def pytest_runtest_setup(item):
-    """A worker running the unit or hostile tier beside the e2e halves yields the CPU to them:
+    """A worker running the unit or hostile tier beside the e2e parts yields the CPU to them:
     the e2e tier waits on hosts, the unit tier only on the CPU."""
     if _WORKER and _tier(item.nodeid) != "e2e" and not _NICED:
         os.nice(5)
@@ -291,7 +287,7 @@ def _tier(nodeid: str) -> str:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Where the time went (per tier, and per e2e half and module: setup + call + teardown of
+    """Where the time went (per tier, and per e2e part and module: setup + call + teardown of
     its tests) and the hostile-input suite's count: tried, handled, failed."""
     spent = dict.fromkeys(TIERS, 0.0)
     counted = dict.fromkeys(TIERS, 0)
@@ -313,7 +309,7 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(
                 f"{tier:8} {counted[tier]:5} tests  {spent[tier] / 60:6.1f} min"
             )
-    for half, names in E2E_HALVES.items():
+    for half, names in E2E_PARTS.items():
         if any(n in modules for n in names):
             terminalreporter.write_line(
                 f"  {half}: {sum(modules.get(n, 0) for n in names) / 60:.1f} min = "

@@ -6,7 +6,8 @@ address, the sudo user, the key, the pinned known_hosts, strict host-key checkin
 `testbed: true`, which puts the host in the testbed's groups as inventory/testbed.py does: the
 testbed's data (group_data/testbed_<class>.py, testbed_<engine>.py, testbed.py: no GPU, the
 wheelhouse, the vLLM stand-in, the tiny models) applies from its own files, nothing copied.
-`data:` holds the one value no file has: the testbed hub's URL (`hf_endpoint`). A host's
+`data:` holds what no file has: the testbed hub's URL (`hf_endpoint`) and, on a native guest,
+the architecture it has (`expected_arch`: testbed.inventory.host_data). A host's
 merged data is the same through the written file as through inventory/testbed.py
 (tests/unit/test_testbed_fleet.py), so a node converged either way is the same node.
 """
@@ -55,7 +56,8 @@ def render(state: TestbedState, path: Path | None = None) -> str:
 # Its hosts as fleet.yml entries, reached as a real node is: the sudo user, the testbed's key,
 # the host keys pinned in its known_hosts. `testbed: true` applies the testbed's group_data
 # (testbed_<class>.py, testbed_<engine>.py, testbed.py: no GPU, the wheelhouse, the vLLM
-# stand-in, the tiny models); `data:` holds the testbed hub's URL. Rehearse README's
+# stand-in, the tiny models); `data:` holds the testbed hub's URL and the architecture of a
+# guest that runs natively (a spark host on x86_64). Rehearse README's
 # "Your first real node" with it (docs/testbed.md):
 #   export SERVEFLEET_FLEET={where}
 # Written again by the same command after `servefleet testbed up` (addresses may change).

@@ -16,6 +16,7 @@ from servefleet.fleet.inventory import (
 from servefleet.fleet.registry import parse_role
 from servefleet_dev.testbed import hosts
 from servefleet_dev.testbed.image import ADMIN_USER
+from servefleet_dev.testbed.platforms import ARCHES, emulated
 from servefleet_dev.testbed.state import known_hosts_path, load_state
 
 
@@ -29,6 +30,11 @@ def host_data(rec, hub_url: str | None) -> dict:
         "ssh_strict_host_key_checking": "yes",
         "_sudo": True,
     }
+    if not emulated(rec.arch):
+        # A native guest has this machine's architecture whatever node class it stands in for
+        # (a spark host on x86_64): its preflight checks that. An emulated guest has the one its
+        # class is built for (arm64 for the Spark), so the class's expected_arch applies as is.
+        data["expected_arch"] = ARCHES[rec.arch]
     if hub_url:
         data["hf_endpoint"] = hub_url
     return data

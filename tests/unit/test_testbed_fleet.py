@@ -73,7 +73,8 @@ def test_the_file_loads_and_names_what_a_real_node_needs(testbed_state, tmp_path
     assert spark.connection["ssh_strict_host_key_checking"] == "yes"
     assert Path(spark.connection["ssh_key"]).is_file()
     assert spark.connection["ssh_known_hosts_file"].endswith("/testbed-130/known_hosts")
-    assert spark.data == {"hf_endpoint": HUB}  # the rest comes from group_data/testbed*.py
+    # The rest comes from group_data/testbed*.py; a native guest says its architecture.
+    assert spark.data == {"hf_endpoint": HUB, "expected_arch": "x86_64"}  # amd64 guests
     assert f"export SERVEFLEET_FLEET={path}" in path.read_text()
 
 
