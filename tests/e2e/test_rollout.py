@@ -65,6 +65,11 @@ def rollout(*args: str, deploy: str = Q4, limit=None):
     return out.returncode, report, out.stderr
 
 
+def failed(report: dict, err: str) -> str:
+    """A failed rollout in full: pytest shortens a tuple's repr, not a string."""
+    return json.dumps(report, indent=1)[-8000:] + "\n" + err[-6000:]
+
+
 def health(th, host: str, port: int = 8080) -> str:
     return th(host).check_output(
         f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' http://127.0.0.1:{port}/health || true"
@@ -138,7 +143,7 @@ def test_a_real_upgrade_of_three_hosts_in_batches_of_one(llama_fleet, th):
     # an equally fast release must pass a busy node's gate.
     with compile_load():
         rc, report, err = rollout("--batch", "1", *newer(), limit=LLAMAS)
-    assert rc == 0, (report, err[-3000:])
+    assert rc == 0, failed(report, err)
     for host in LLAMAS:
         r = report["hosts"][host]
         assert r["result"] == "upgraded", r
@@ -211,7 +216,7 @@ def test_a_slower_release_fails_the_performance_gate_and_is_rolled_back(llama_fl
 def test_no_perf_gate_lets_the_slower_release_through(llama_fleet, th):
     host = LLAMAS[0]
     rc, report, err = rollout(NO_GATE, *newer(), *SLOW, limit=[host])
-    assert rc == 0, (report, err[-3000:])
+    assert rc == 0, failed(report, err)
     r = report["hosts"][host]
     assert r["result"] == "upgraded" and r["perf"] == "off (--no-perf-gate)", r
     assert r["perf_before"] is None and r["perf_after"] is None
@@ -483,7 +488,7 @@ V026 = [
 def test_vllm_0_24_to_0_26_upgrades_then_rolls_back_when_0_26_fails(vllm_026, th):
     host, unit = "spark-1", "/etc/systemd/system/servefleet-vllm.service"
     rc, report, err = rollout(*V026, deploy=BF16, limit=[host])
-    assert rc == 0, (report, err[-3000:])
+    assert rc == 0, failed(report, err)
     assert report["hosts"][host]["result"] == "upgraded"
     # The stand-in's speed means nothing: no performance gate for these hosts (testbed data).
     assert report["hosts"][host]["perf"] == "off (perf_gate = false in this host's data)"
