@@ -10,10 +10,11 @@ One rtx4090 host (the real llama-server b9785, CPU build, the tiny GGUF, the rec
 serves release A. A trial is what a rollout does to a host: the gate's baseline measurement of
 A, a switch to release B (the unit of B, a restart, the real health gate: /health, a chat, the
 settle period), the gate's measurements of B, a switch back to A (the rollback) and the
-measurements of A again (the bracket). Every measurement is the rollout's own
-(verbs.perfgate.measure: the node-side bench, the host's gate workload from its data), and every
-trial takes all of them whatever the verdict, so a trace holds what any rule could ask for. The
-verdict is then the rollout's rule (verbs.perfgate.judge) on the trace, taking measurements in
+measurements of A again (the bracket), a switch to B again and its measurements once more
+(the rule's last stage, verbs/rollout_again.py), and a switch back to A. Every measurement is
+the rollout's own (verbs.perfgate.measure: the node-side bench, the host's gate workload from
+its data), and every trial takes all of them whatever the verdict, so a trace holds what any
+rule could ask for. The verdict is then the rollout's rule (verbs.perfgate.judge) on the trace, taking measurements in
 the order the rollout would, only as many as it would: with the load independent of the
 verdict, that is the verdict the rollout would have reached.
 
@@ -134,6 +135,9 @@ def trial(host, unit_a: str, unit_b: str) -> dict:
     t["after"] = [measure(host), measure(host)]
     t["rollback_s"] = switch(host, unit_a)
     t["again"] = [measure(host), measure(host)]
+    t["forward_s"] = switch(host, unit_b)  # served again (verbs/rollout_again.py)
+    t["once_more"] = [measure(host), measure(host)]
+    t["back_s"] = switch(host, unit_a)  # A for the next trial, as a final rollback would
     return t
 
 
@@ -180,22 +184,33 @@ def judge(traces: dict, th: perf.Thresholds) -> list[dict]:
         counts = {perf.PASS: 0, perf.FAIL: 0, perf.INCONCLUSIVE: 0}
         costs = []
         for t in trials:
-            steps = {"after": iter(t["after"]), "again": iter(t["again"])}
-            took = {"s": 0.0, "switches": 0}
+            kinds = ("after", "again", "once_more")
+            steps = {k: iter(t.get(k, ())) for k in kinds}
+            # The switch before each stage: the rollback, then serving the new release again.
+            switch_s = {"again": t["rollback_s"], "once_more": t.get("forward_s", 0.0)}
+            took = {"s": 0.0, "stages": set()}
 
-            def take(kind: str, steps=steps, took=took, t=t):
+            def take(kind: str, steps=steps, took=took, switch_s=switch_s):
                 m = next(steps[kind])
                 fig = perf.Figures.from_json(m) if isinstance(m, dict) else m
                 if isinstance(fig, perf.Figures):
                     took["s"] += fig.seconds
-                if kind == "again" and took["switches"] == 0:
-                    took["switches"] = 1
-                    took["s"] += t["rollback_s"]
+                if kind in switch_s and kind not in took["stages"]:
+                    took["stages"].add(kind)
+                    took["s"] += switch_s[kind]
                 return fig
 
             before = perf.Figures.from_json(t["before"])
             took["s"] += before.seconds if before else 0
-            state, _ = perfgate.judge(before, th, lambda: take("after"), lambda: take("again"))
+            state, _ = perfgate.judge(
+                before,
+                th,
+                lambda: take("after"),
+                lambda: take("again"),
+                measure_new_again=(lambda: take("once_more")) if "once_more" in t else None,
+            )
+            if state == perf.FAIL and "once_more" in took["stages"]:
+                took["s"] += t["back_s"]  # rolled back once more
             counts[state] += 1
             costs.append(took["s"])
         wrong = counts[perf.FAIL] if not SHOULD_FAIL[rel] else counts[perf.PASS]

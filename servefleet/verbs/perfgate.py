@@ -89,6 +89,7 @@ class PerfGate:
         self.baselines: dict[str, perf.Figures] = {}
         self.off: dict[str, str] = {}  # name -> why this host has no performance gate
         self.seconds: dict[str, float] = {}  # name -> what the gate cost this host
+        self.again: dict[str, perf.Figures] = {}  # name -> the previous release measured again
 
     def applies(self, host) -> bool:
         if not self.enabled:
@@ -183,6 +184,9 @@ class PerfGate:
             th = perf.Settings.of(host.data.dict()).thresholds
             unit = serving_unit(host)
             again = [measure(host, "baseline-again", self.rollout_id, unit) for _ in range(2)]
+            figs = [f for f in again if isinstance(f, perf.Figures)]
+            if figs:
+                self.again[host.name] = perf.best(*figs) if len(figs) == 2 else figs[0]
             return bracket(self.baselines[host.name], again, after[host.name], th)
 
         todo = [h for h in sess.targets if h.name in after and h.name in self.baselines]
@@ -300,15 +304,24 @@ def judge(
     measure_new: Callable[[], perf.Figures | str],
     measure_previous: Callable[[], perf.Figures | str],
     say: Callable[[str], None] = lambda line: None,
+    measure_new_again: Callable[[], perf.Figures | str] | None = None,
 ) -> tuple[str, str]:
     """The whole rule for one host, as a rollout applies it: decide() on the new release, then,
     where it failed, bracket() on the previous release measured twice after the rollback
-    (measure_previous is only called then). (verdict, what it said); the verdict is perf.PASS
-    (also where the node slowed, not the release), perf.FAIL or perf.INCONCLUSIVE. The rollout
-    runs the two stages itself, a batch at a time, with the rollback between them;
-    benchmarks/perf_gate.py measures the rule's error rates through this function."""
+    (measure_previous is only called then), then, where that still finds the new release
+    slower, decide() once more on the new release served again (measure_new_again; see
+    verbs/rollout_again.py). (verdict, what it said); the verdict is perf.PASS (also where the
+    node slowed, not the release), perf.FAIL or perf.INCONCLUSIVE. The rollout runs the stages
+    itself, a batch at a time, with the switches between them; benchmarks/perf_gate.py
+    measures the rule's error rates through this function."""
     state, said, after, _ = decide(before, th, measure_new, say)
     if state != perf.FAIL or after is None:
         return state, said
-    state, why = bracket(before, [measure_previous(), measure_previous()], after, th)
-    return state, f"{said}; {why}"
+    again = [measure_previous(), measure_previous()]
+    state, why = bracket(before, again, after, th)
+    said = f"{said}; {why}"
+    measured = any(isinstance(f, perf.Figures) for f in again)
+    if state != perf.FAIL or not measured or measure_new_again is None:
+        return state, said
+    state, said_again, _, _ = decide(before, th, measure_new_again, say)
+    return state, f"{said_again}; upgraded again and measured once more; the first verdict: {said}"

@@ -8,7 +8,9 @@ on purpose is verbs/rollback.py.
    KV comparison, `health_settle_s` of staying healthy; then the performance gate
    (verbs/perfgate.py) against a baseline measured just before the converge. A failed converge
    or gate rolls the host back to its previous release (deploys/rollback.py) and gates it
-   again; with no previous release it needs attention.
+   again; with no previous release it needs attention. A host the performance gate failed
+   is judged once more (verbs/rollout_again.py): the previous release measured again, the new
+   one served and measured again, before it stays rolled back.
 3. More failed hosts than --max-failures stops the rollout; the rest are left untouched.
 4. Each host keeps what the rollout did there (state/last-rollout.json) for `servefleet report`.
 
@@ -22,7 +24,6 @@ import shlex
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 
 from servefleet.core import perf
 from servefleet.core.errors import Exit
@@ -37,6 +38,7 @@ from servefleet.operations.node import run
 from servefleet.verbs import rollout_record, session as api
 from servefleet.verbs.healthgate import gate, release_of
 from servefleet.verbs.perfgate import OFF_BY_FLAG, PerfGate
+from servefleet.verbs.rollout_again import upgrade_again
 from servefleet.verbs.rollout_report import (
     ATTENTION,
     INCONCLUSIVE,
@@ -263,67 +265,6 @@ class Rollout:
                 rec.detail = f"{rec.detail}; rollback: {why}".strip("; ")
         self._mark([n for n in names if self.report.hosts[n].result == ROLLED_BACK], None)
 
-    def _bracket(self, slower: list[str]) -> list[str]:
-        """The hosts the performance gate failed, rolled back healthy: the previous release
-        is measured again (perfgate.bracket). Where it is now as slow as the new release was,
-        the node slowed down, not the release: the host is converged to the new release again
-        and health-gated (once; its performance is then judged). Returns those upgraded."""
-        back = {
-            n: self.report.hosts[n]
-            for n in slower
-            if self.report.hosts[n].result == ROLLED_BACK and self.report.hosts[n].perf_after
-        }
-        if not back:
-            return []
-        after = {n: f for n, rec in back.items() if (f := perf.Figures.from_json(rec.perf_after))}
-        with self.session(list(back)) as sess:
-            judged = self.perf.bracket(sess, after)
-        forward, passed = [], {}  # upgraded again: the node slowed, or it cannot tell
-        for name, (state, said) in judged.items():
-            rec = back[name]
-            if state == perf.FAIL:
-                rec.perf = f"{rec.perf}; {said}"
-                rec.detail = f"{rec.detail}; {said}"
-            else:
-                forward.append(name)
-                passed[name] = (
-                    state,
-                    (
-                        f"performance gate {'passed ' if state == perf.PASS else 'inconclusive: '}"
-                        f"{said}; the first verdict: {rec.perf.removeprefix('performance gate ')}"
-                    ),
-                )
-        if not forward:
-            return []
-        self.say(f"{', '.join(forward)}: not the release's fault: converging {self.deploy} again")
-        self._mark(forward, "converging")
-        outcomes = api.converge(self.inventory, self.deploy, forward, self.data)
-        ok = [n for n in forward if outcomes.get(n) and outcomes[n].ok]
-        gates = self._gate(ok) if ok else {}
-        up = [n for n in ok if gates[n][0]]
-        for name in forward:
-            rec = back[name]
-            state, said = passed[name]
-            if name in up:
-                held = state == perf.INCONCLUSIVE  # on the new release, reported apart
-                rec.result, rec.again, rec.perf = INCONCLUSIVE if held else UPGRADED, True, said
-                rec.detail = f"gate: {gates[name][1]}"
-                self.say(
-                    f"{name}: {'held on' if held else 'upgraded to'} {rec.to_release} again; {said}"
-                )
-            else:
-                why = gates[name][1] if name in gates else getattr(outcomes.get(name), "error", "")
-                rec.detail = f"{rec.detail}; {said}; converging again: {why or 'not run'}"
-        if up:
-            with self.session(up) as sess:
-                self.perf.passed_again(sess, {n: (after[n], back[n].perf) for n in up})
-            for name in up:
-                back[name].perf_after = replace(after[name], verdict=back[name].perf).to_json()
-        self._mark(up, None)
-        if len(up) < len(forward):
-            self._rollback([n for n in forward if n not in up], [])
-        return up
-
     def run(self) -> RolloutReport:
         names = self.preflight()
         if names is None:
@@ -382,7 +323,7 @@ class Rollout:
                 self.say(f"{name}: failed: {self.report.hosts[name].detail}")
             if failed:
                 self._rollback(failed, slower)
-                upgraded_again = self._bracket(slower)  # the node slowed, not the release
+                upgraded_again = upgrade_again(self, slower)  # the node slowed, not the release
                 failures += len(failed) - len(upgraded_again)
             if failures > self.max_failures:
                 rest = [n for g in groups[number:] for n in g]

@@ -488,19 +488,93 @@ def test_a_release_slower_than_the_nodes_own_swing_is_rolled_back_whatever_the_n
     assert state == perf.FAIL and "measured again too" in said, said
 
 
+def test_the_rule_alternates_releases_before_it_rolls_back():
+    """judge(), the whole rule: a release slower than the previous one measured before and
+    after it is measured once more, served again (A B A B); it is rolled back only when it is
+    slower in that window too. Load that struck only its first window lets it pass; a previous
+    release that cannot be measured again is not a reason to serve the new one again."""
+    from servefleet.verbs.perfgate import judge
+
+    before = fig(1250.0, 0.072)
+
+    def script(*figs):
+        it = iter(figs)
+        return lambda: next(it)
+
+    calls = []
+
+    def never():
+        calls.append("B once more")
+        return fig(1.0, 9.0)
+
+    # Slower in both of its windows: rolled back, with every stage named.
+    state, said = judge(
+        before,
+        TH,
+        script(fig(900.0, 0.09), fig(905.0, 0.09)),
+        script(fig(1255.0, 0.07), fig(1240.0, 0.071)),
+        measure_new_again=script(fig(910.0, 0.09), fig(890.0, 0.09)),
+    )
+    assert state == perf.FAIL, said
+    assert said.startswith("performance gate failed: decode 1250.0 -> 910.0 tok/s"), said
+    assert "; upgraded again and measured once more; the first verdict: " in said
+    assert "decode 1250.0 -> 905.0 tok/s" in said and "measured again too (1255.0" in said
+    # Slower in its first window only (the node was busy then): it passes.
+    state, said = judge(
+        before,
+        TH,
+        script(fig(900.0, 0.09), fig(905.0, 0.09)),
+        script(fig(1255.0, 0.07), fig(1240.0, 0.071)),
+        measure_new_again=script(fig(1245.0, 0.072)),
+    )
+    assert state == perf.PASS and said.startswith("performance gate passed: "), said
+    # Without the third stage (the rule of a rollout that cannot serve it again): rolled back.
+    assert (
+        judge(
+            before,
+            TH,
+            script(fig(900.0, 0.09), fig(905.0, 0.09)),
+            script(fig(1255.0, 0.07), fig(1240.0, 0.071)),
+        )[0]
+        == perf.FAIL
+    )
+    # The previous release could not be measured again: the rollback stands, B not measured.
+    state, said = judge(
+        before,
+        TH,
+        script(fig(900.0, 0.09), fig(905.0, 0.09)),
+        script("the bench failed: HTTP 503", "the bench failed: HTTP 503"),
+        measure_new_again=never,
+    )
+    assert state == perf.FAIL and "could not be measured again" in said and not calls
+    # Cleared by the bracket (the previous release as slow now): passes, B not measured again.
+    state, said = judge(
+        before,
+        TH,
+        script(fig(900.0, 0.09), fig(905.0, 0.09)),
+        script(fig(910.0, 0.09), fig(900.0, 0.09)),
+        measure_new_again=never,
+    )
+    assert state == perf.PASS and not calls, said
+
+
 def test_a_host_rolled_back_only_because_the_node_slowed_is_upgraded_again(gate, monkeypatch):
-    """The rollout, around bracket(): the host the node's load made slower is converged to the
-    new release again, health-gated, counted as upgraded with both verdicts named and its record
-    carrying the verdict that let it in; the one really slower stays rolled back; the one whose
-    previous release measured very differently after the rollback is held on the new release,
-    inconclusive; and a host whose converge again fails is rolled back again."""
+    """The rollout, around bracket() (verbs/rollout_again.py): the host the node's load made
+    slower is converged to the new release again, health-gated, counted as upgraded with both
+    verdicts named and its record carrying the verdict that let it in; the one whose previous
+    release measured very differently after the rollback is held on the new release,
+    inconclusive; one slower than the previous release on both sides of it is served and
+    measured once more: rolled back again when it is slower again, upgraded when it is not (the
+    load struck its window only); a host whose previous release cannot be measured again stays
+    rolled back; and a host whose converge again fails is rolled back again."""
     import contextlib
 
-    from servefleet.verbs import rollout as ro
+    from servefleet.verbs import rollout as ro, rollout_again as again
     from servefleet.verbs.session import HostOutcome
 
     g, script, kept, _ = gate
-    hosts = {n: FakeHost(n) for n in ("loaded", "slower", "unsteady", "flaky")}
+    names = ("loaded", "slower", "recovered", "unsteady", "flaky", "gone")
+    hosts = {n: FakeHost(n) for n in names}
     converged, rolled = [], []
     monkeypatch.setattr(
         ro.api,
@@ -525,7 +599,9 @@ def test_a_host_rolled_back_only_because_the_node_slowed_is_upgraded_again(gate,
     )
     monkeypatch.setattr(ro.Rollout, "_mark", lambda self, names, phase: None)
     monkeypatch.setattr(
-        ro.Rollout, "_rollback", lambda self, names, slower: rolled.append(list(names))
+        ro.Rollout,
+        "_rollback",
+        lambda self, names, slower: rolled.append((list(names), list(slower))),
     )
     r = ro.Rollout(
         "inventory/testbed.py",
@@ -552,14 +628,18 @@ def test_a_host_rolled_back_only_because_the_node_slowed_is_upgraded_again(gate,
         )
     script.update(
         loaded=[fig(905.0, 0.09)] * 2,
-        slower=[fig(1255.0, 0.07)] * 2,
+        # faster again after the rollback, and slower again once more: rolled back again
+        slower=[fig(1255.0, 0.07)] * 2 + [fig(905.0, 0.09), fig(900.0, 0.091)],
+        # faster again after the rollback, and as fast as its baseline once more
+        recovered=[fig(1255.0, 0.07)] * 2 + [fig(1240.0, 0.073)],
         # 60 % faster than its own baseline: a swing larger than the new release's -28 %
         unsteady=[fig(2000.0, 0.05)] * 2,
         flaky=[fig(890.0, 0.09)] * 2,
+        gone=["the bench failed: HTTP 503"] * 2,
     )
-    up = r._bracket(list(hosts))
-    assert up == ["loaded", "unsteady"]
-    assert converged == [(r.deploy, ["loaded", "unsteady", "flaky"])]
+    up = again.upgrade_again(r, list(hosts))
+    assert up == ["loaded", "recovered", "unsteady"]
+    assert converged == [(r.deploy, ["loaded", "slower", "recovered", "unsteady", "flaky"])]
     held = r.report.hosts["unsteady"]
     assert held.result == "inconclusive" and held.again, held
     assert held.perf.startswith("performance gate inconclusive: ") and "first verdict" in held.perf
@@ -576,6 +656,17 @@ def test_a_host_rolled_back_only_because_the_node_slowed_is_upgraded_again(gate,
     assert last["loaded"].verdict == rec.perf and last["unsteady"].verdict == held.perf
     assert (last["loaded"].decode_tok_s, last["loaded"].kind) == (900.0, "gate")
     assert rec.perf_after["verdict"] == rec.perf
-    assert r.report.hosts["slower"].result == "rolled back"
-    assert "measured again too" in r.report.hosts["slower"].perf
-    assert rolled == [["flaky"]] and "no space left" in r.report.hosts["flaky"].detail
+    slower = r.report.hosts["slower"]
+    assert slower.perf.startswith("performance gate failed: decode 1250.0 -> 905.0 tok/s")
+    assert "; upgraded again and measured once more; the first verdict: failed: " in slower.perf
+    assert "measured again too (1255.0 tok/s" in slower.perf and slower.perf in slower.detail
+    assert last["slower"].verdict == slower.perf and last["slower"].decode_tok_s == 905.0
+    assert slower.perf_after["decode_tok_s"] == 905.0  # the figures of its last window
+    rec = r.report.hosts["recovered"]
+    assert rec.result == "upgraded" and rec.again
+    assert rec.perf.startswith("performance gate passed: decode 1250.0 -> 1240.0 tok/s")
+    assert "measured again too" in rec.perf and last["recovered"].decode_tok_s == 1240.0
+    gone = r.report.hosts["gone"]
+    assert gone.result == "rolled back" and "could not be measured again" in gone.perf
+    assert rolled == [(["slower", "flaky"], ["slower"])]
+    assert "no space left" in r.report.hosts["flaky"].detail
