@@ -53,11 +53,7 @@ def testbed():
         yield load_state()
     finally:
         if not os.environ.get("SERVEFLEET_KEEP_TESTBED"):
-            inode = load_state().netns_inode
-            lifecycle.down(log=log)
-            left = leftovers(inode)
-            if left:  # fails the session: a test started something that outlived it
-                raise RuntimeError(f"still running after the testbed went down: {left}")
+            down_and_check(log)
 
 
 @contextmanager
@@ -78,11 +74,17 @@ def hosts_of_their_own(specs: list[str], log):
                 if name in load_state().hosts:
                     lifecycle.rm(name, log=log)
         else:
-            inode = load_state().netns_inode
-            lifecycle.down(log=log)
-            left = leftovers(inode)
-            if left:
-                raise RuntimeError(f"still running after the testbed went down: {left}")
+            down_and_check(log)
+
+
+def down_and_check(log) -> None:
+    """This instance's testbed down, and nothing of it left running: a test that started
+    something that outlived it fails the session (or the module)."""
+    inode = load_state().netns_inode
+    lifecycle.down(log=log)
+    left = leftovers(inode)
+    if left:
+        raise RuntimeError(f"still running after the testbed went down: {left}")
 
 
 @pytest.fixture(scope="session")

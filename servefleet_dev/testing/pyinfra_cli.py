@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ class Run:
     changed: int = 0  # pyinfra's "Success" column: operations that ran commands
     errors: int = 0
     no_change: int = 0
+    seconds: float = 0.0  # set by timed()
 
 
 def pyinfra(
@@ -57,6 +59,19 @@ def pyinfra(
         env={**os.environ, **(env or {}), "NO_COLOR": "1"},
     )
     return read_run(proc.returncode, proc.stdout + proc.stderr)
+
+
+def timed(tag: str, inventory: str, deploy: str, host: str, data: dict | None = None) -> Run:
+    """One converge of `host`, timed, its outcome printed under `[tag]` (pytest -s shows it):
+    the platform tiers' converges, whose times the docs quote."""
+    started = time.monotonic()
+    run = pyinfra(inventory, deploy, limit=host, data=data or None, timeout=40 * 60)
+    run.seconds = time.monotonic() - started
+    print(
+        f"[{tag}] {deploy} on {host} {data or ''}: rc {run.returncode}, {run.changed} changed, "
+        f"{run.seconds:.0f} s"
+    )
+    return run
 
 
 def read_run(returncode: int, output: str) -> Run:

@@ -30,7 +30,7 @@ from servefleet.engines.vllm.operations.patch import recorded_patch
 from servefleet_dev.testbed import guest, hosts as tb_hosts, lifecycle, material, platforms
 from servefleet_dev.testbed.inventory import host_data
 from servefleet_dev.testbed.state import load_state
-from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
+from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, timed
 from tests.conftest import hosts_of_their_own
 
 pytestmark = pytest.mark.e2e
@@ -52,14 +52,7 @@ def ssh(command: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def converge(**data):
-    started = time.monotonic()
-    run = pyinfra(INVENTORY, BF16, limit=HOST, data=data or None, timeout=40 * 60)
-    run.seconds = time.monotonic() - started
-    print(
-        f"[arm64] {BF16} on {HOST} {data or ''}: rc {run.returncode}, {run.changed} changed, "
-        f"{run.seconds:.0f} s"
-    )
-    return run
+    return timed("arm64", INVENTORY, BF16, HOST, data)
 
 
 @pytest.fixture(scope="module")

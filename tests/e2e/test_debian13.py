@@ -34,7 +34,7 @@ from servefleet.engines.llamacpp import logic as llamacpp
 from servefleet.engines.vllm.operations.patch import recorded_patch
 from servefleet_dev.testbed import guest, hosts as tb_hosts, lifecycle, material, platforms
 from servefleet_dev.testbed.state import load_state
-from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
+from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, timed
 from servefleet_dev.testing.sandbox_model import syscall_groups
 
 pytestmark = pytest.mark.e2e
@@ -62,14 +62,7 @@ def ssh(name: str, command: str, timeout: float = 300) -> subprocess.CompletedPr
 
 
 def converge(host: str):
-    started = time.monotonic()
-    run = pyinfra(INVENTORY, RECIPES[host], limit=host, timeout=40 * 60)
-    run.seconds = time.monotonic() - started
-    print(
-        f"[debian13] {RECIPES[host]} on {host}: rc {run.returncode}, {run.changed} changed, "
-        f"{run.seconds:.0f} s"
-    )
-    return run
+    return timed("debian13", INVENTORY, RECIPES[host], host)
 
 
 @pytest.fixture(scope="module")
