@@ -176,43 +176,49 @@ def brief(t: dict) -> str:
 # --- the rule on the traces ---------------------------------------------------------------------
 
 
+def verdict(t: dict, th: perf.Thresholds, once_more: bool = True) -> tuple[str, float]:
+    """The rollout's verdict on one trace (verbs.perfgate.judge), and what the gate cost the
+    host; once_more=False: the rule without its last stage (A B A: the bracket's verdict
+    stands)."""
+    kinds = ("after", "again", "once_more")
+    steps = {k: iter(t.get(k, ())) for k in kinds}
+    # The switch before each stage: the rollback, then serving the new release again.
+    switch_s = {"again": t["rollback_s"], "once_more": t.get("forward_s", 0.0)}
+    took = {"s": 0.0, "stages": set()}
+
+    def take(kind: str):
+        m = next(steps[kind])
+        fig = perf.Figures.from_json(m) if isinstance(m, dict) else m
+        if isinstance(fig, perf.Figures):
+            took["s"] += fig.seconds
+        if kind in switch_s and kind not in took["stages"]:
+            took["stages"].add(kind)
+            took["s"] += switch_s[kind]
+        return fig
+
+    before = perf.Figures.from_json(t["before"])
+    took["s"] += before.seconds if before else 0
+    last = (lambda: take("once_more")) if once_more and "once_more" in t else None
+    state, _ = perfgate.judge(
+        before, th, lambda: take("after"), lambda: take("again"), measure_new_again=last
+    )
+    if state == perf.FAIL and "once_more" in took["stages"]:
+        took["s"] += t["back_s"]  # rolled back once more
+    return state, took["s"]
+
+
 def judge(traces: dict, th: perf.Thresholds) -> list[dict]:
-    """The rollout's verdict on each trial (verbs.perfgate.judge), and what it cost."""
+    """The rollout's verdicts on each condition's trials, and what they cost."""
     rows = []
     for cond, trials in traces["conditions"].items():
         load, rel = cond.split("/")
         counts = {perf.PASS: 0, perf.FAIL: 0, perf.INCONCLUSIVE: 0}
-        costs = []
+        costs, aba = [], 0
         for t in trials:
-            kinds = ("after", "again", "once_more")
-            steps = {k: iter(t.get(k, ())) for k in kinds}
-            # The switch before each stage: the rollback, then serving the new release again.
-            switch_s = {"again": t["rollback_s"], "once_more": t.get("forward_s", 0.0)}
-            took = {"s": 0.0, "stages": set()}
-
-            def take(kind: str, steps=steps, took=took, switch_s=switch_s):
-                m = next(steps[kind])
-                fig = perf.Figures.from_json(m) if isinstance(m, dict) else m
-                if isinstance(fig, perf.Figures):
-                    took["s"] += fig.seconds
-                if kind in switch_s and kind not in took["stages"]:
-                    took["stages"].add(kind)
-                    took["s"] += switch_s[kind]
-                return fig
-
-            before = perf.Figures.from_json(t["before"])
-            took["s"] += before.seconds if before else 0
-            state, _ = perfgate.judge(
-                before,
-                th,
-                lambda: take("after"),
-                lambda: take("again"),
-                measure_new_again=(lambda: take("once_more")) if "once_more" in t else None,
-            )
-            if state == perf.FAIL and "once_more" in took["stages"]:
-                took["s"] += t["back_s"]  # rolled back once more
+            state, cost = verdict(t, th)
             counts[state] += 1
-            costs.append(took["s"])
+            costs.append(cost)
+            aba += verdict(t, th, once_more=False)[0] == perf.FAIL
         wrong = counts[perf.FAIL] if not SHOULD_FAIL[rel] else counts[perf.PASS]
         rows.append(
             {
@@ -220,6 +226,7 @@ def judge(traces: dict, th: perf.Thresholds) -> list[dict]:
                 "release": rel,
                 "trials": len(trials),
                 **counts,
+                "aba": aba,
                 "wrong": wrong,
                 "cost_s": statistics.median(costs) if costs else None,
             }
@@ -230,14 +237,14 @@ def judge(traces: dict, th: perf.Thresholds) -> list[dict]:
 def table(rows: list[dict]) -> str:
     head = (
         f"{'load':8} {'release B':10} {'trials':>6} {'passed':>6} {'rolled back':>11} "
-        f"{'inconcl.':>8}  {'wrong':>5}  gate cost/host (median)"
+        f"{'inconcl.':>8}  {'wrong':>5}  {'A B A alone':>11}  gate cost/host (median)"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         what = "false rollbacks" if not SHOULD_FAIL[r["release"]] else "missed"
         lines.append(
             f"{r['load']:8} {r['release']:10} {r['trials']:>6} {r[perf.PASS]:>6} "
-            f"{r[perf.FAIL]:>11} {r[perf.INCONCLUSIVE]:>8}  {r['wrong']:>5}  "
+            f"{r[perf.FAIL]:>11} {r[perf.INCONCLUSIVE]:>8}  {r['wrong']:>5}  {r['aba']:>11}  "
             f"{r['cost_s']:.1f} s   ({what}: {r['wrong']})"
         )
     return "\n".join(lines)
