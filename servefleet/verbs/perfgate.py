@@ -308,8 +308,8 @@ def judge(
 ) -> tuple[str, str]:
     """The whole rule for one host, as a rollout applies it: decide() on the new release, then,
     where it failed, bracket() on the previous release measured twice after the rollback
-    (measure_previous is only called then), then, where that still finds the new release
-    slower, decide() once more on the new release served again (measure_new_again; see
+    (measure_previous is only called then), then, where that does not clear the new release
+    (slower, or the previous release swung: inconclusive), decide() once more on the new release served again (measure_new_again; see
     verbs/rollout_again.py). (verdict, what it said); the verdict is perf.PASS (also where the
     node slowed, not the release), perf.FAIL or perf.INCONCLUSIVE. The rollout runs the stages
     itself, a batch at a time, with the switches between them; benchmarks/perf_gate.py
@@ -321,7 +321,7 @@ def judge(
     state, why = bracket(before, again, after, th)
     said = f"{said}; {why}"
     measured = any(isinstance(f, perf.Figures) for f in again)
-    if state != perf.FAIL or not measured or measure_new_again is None:
+    if state == perf.PASS or not measured or measure_new_again is None:
         return state, said
     state, said_again, _, _ = decide(before, th, measure_new_again, say)
     return state, f"{said_again}; upgraded again and measured once more; the first verdict: {said}"

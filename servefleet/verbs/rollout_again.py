@@ -6,12 +6,13 @@ and load on the node (a compile, a neighbour's job, a busy hypervisor) comes and
 of seconds to minutes. The rule alternates the releases until a window cannot explain it:
 - A (the baseline), B (the gate): B failed;
 - rollback, A again: if A is now as slow as B was, the node slowed, not the release: B is
-  served again and passes; if A swung by more than B is slower, B is served again, held
-  (inconclusive);
-- otherwise B is served again and measured once more against the same baseline (A B A B): a
-  release is rolled back only if it was slower in both of its windows, and faster A in between.
-  An equally fast release is then rolled back only if load struck both of its windows and
-  spared the previous release's, and a slower release pays one more restart and measurement.
+  served again and passes;
+- otherwise (B slower than A on both sides of it, or A itself swung by more than B is slower)
+  B is served again and measured once more against the same baseline (A B A B): a release is
+  rolled back only if it was slower in both of its windows, with A measured in between. An
+  equally fast release is then rolled back only if load struck both of its windows and spared
+  the baseline's; a slower release pays one more restart and measurement; a figure that still
+  cannot be measured holds the host on the new release, inconclusive.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ def upgrade_again(ro, slower: list[str]) -> list[str]:
     for name, (state, said) in judged.items():
         rec = back[name]
         first = rec.perf.removeprefix("performance gate ")
-        if state != perf.FAIL:
+        if state == perf.PASS:
             passed[name] = (state, f"{SAID[state]}{said}; the first verdict: {first}")
-        elif name in ro.perf.again:  # slower than the previous release on both sides of it
+        elif name in ro.perf.again:  # slower than the previous release, or it swung: once more
             retry[name] = f"{first}; {said}"
         else:  # the previous release could not be measured again: the rollback stands
             rec.perf = f"{rec.perf}; {said}"
@@ -62,8 +63,8 @@ def upgrade_again(ro, slower: list[str]) -> list[str]:
         ro.say(f"{', '.join(passed)}: not the release's fault: converging {ro.deploy} again")
     if retry:
         ro.say(
-            f"{', '.join(retry)}: slower than the previous release measured before and after "
-            f"it: converging {ro.deploy} again to measure it once more"
+            f"{', '.join(retry)}: not faster than the previous release measured before and "
+            f"after it: converging {ro.deploy} again to measure it once more"
         )
     ro._mark(forward, "converging")
     outcomes = api.converge(ro.inventory, ro.deploy, forward, ro.data)
@@ -84,9 +85,13 @@ def upgrade_again(ro, slower: list[str]) -> list[str]:
     slower_again = [n for n in again if passed[n][0] == perf.FAIL]
     for name in forward:
         rec = back[name]
-        if name in slower_again:
-            rec.perf = passed[name][1]
-            rec.detail = f"{rec.detail}; {rec.perf}"
+        if name in slower_again:  # the first verdict in the detail becomes the whole story
+            first, rec.perf = rec.perf, passed[name][1]
+            rec.detail = (
+                rec.detail.replace(first, rec.perf)
+                if first in rec.detail
+                else f"{rec.detail}; {rec.perf}"
+            )
         elif name in up:
             state, said = passed[name]
             held = state == perf.INCONCLUSIVE  # on the new release, reported apart

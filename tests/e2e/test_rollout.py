@@ -176,7 +176,7 @@ def test_a_slower_release_fails_the_performance_gate_and_is_rolled_back(llama_fl
         rc, report, err = rollout(*newer(), *SLOW, limit=[host])
     assert rc == 1, failed(report, err)
     r = report["hosts"][host]
-    assert r["result"] == "rolled back", r
+    assert r["result"] == "rolled back", failed(report, err)
     assert r["gate_s"] is not None  # it was healthy: the performance gate failed it
     assert r["perf"].startswith("performance gate failed: ") and "FAILED" in r["perf"]
     assert r["perf"] in r["detail"]

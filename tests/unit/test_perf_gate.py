@@ -547,6 +547,16 @@ def test_the_rule_alternates_releases_before_it_rolls_back():
         measure_new_again=never,
     )
     assert state == perf.FAIL and "could not be measured again" in said and not calls
+    # The previous release swung by more than the new one is slower (the bracket alone:
+    # inconclusive): measured once more, and slower again, it is rolled back.
+    state, said = judge(
+        fig(300.0, 0.3),
+        TH,
+        script(fig(230.0, 0.35), fig(231.0, 0.35)),
+        script(fig(900.0, 0.1), fig(900.0, 0.1)),
+        measure_new_again=script(fig(228.0, 0.35), fig(232.0, 0.35)),
+    )
+    assert state == perf.FAIL and "own speed moved more than a threshold" in said, said
     # Cleared by the bracket (the previous release as slow now): passes, B not measured again.
     state, said = judge(
         before,
@@ -561,19 +571,19 @@ def test_the_rule_alternates_releases_before_it_rolls_back():
 def test_a_host_rolled_back_only_because_the_node_slowed_is_upgraded_again(gate, monkeypatch):
     """The rollout, around bracket() (verbs/rollout_again.py): the host the node's load made
     slower is converged to the new release again, health-gated, counted as upgraded with both
-    verdicts named and its record carrying the verdict that let it in; the one whose previous
-    release measured very differently after the rollback is held on the new release,
-    inconclusive; one slower than the previous release on both sides of it is served and
-    measured once more: rolled back again when it is slower again, upgraded when it is not (the
-    load struck its window only); a host whose previous release cannot be measured again stays
-    rolled back; and a host whose converge again fails is rolled back again."""
+    verdicts named and its record carrying the verdict that let it in; one slower than the
+    previous release on both sides of it, or whose previous release swung by more than it is
+    slower, is served and measured once more: rolled back again when it is slower again,
+    upgraded when it is not (the load struck its window only), held on the new release,
+    inconclusive, when it cannot be measured; a host whose previous release cannot be measured
+    again stays rolled back; and a host whose converge again fails is rolled back again."""
     import contextlib
 
     from servefleet.verbs import rollout as ro, rollout_again as again
     from servefleet.verbs.session import HostOutcome
 
     g, script, kept, _ = gate
-    names = ("loaded", "slower", "recovered", "unsteady", "flaky", "gone")
+    names = ("loaded", "slower", "recovered", "unsteady", "unmeasured", "flaky", "gone")
     hosts = {n: FakeHost(n) for n in names}
     converged, rolled = [], []
     monkeypatch.setattr(
@@ -632,17 +642,25 @@ def test_a_host_rolled_back_only_because_the_node_slowed_is_upgraded_again(gate,
         slower=[fig(1255.0, 0.07)] * 2 + [fig(905.0, 0.09), fig(900.0, 0.091)],
         # faster again after the rollback, and as fast as its baseline once more
         recovered=[fig(1255.0, 0.07)] * 2 + [fig(1240.0, 0.073)],
-        # 60 % faster than its own baseline: a swing larger than the new release's -28 %
-        unsteady=[fig(2000.0, 0.05)] * 2,
+        # 60 % faster than its own baseline (a swing larger than the new release's -28 %),
+        # then the new release as slow once more: rolled back
+        unsteady=[fig(2000.0, 0.05)] * 2 + [fig(880.0, 0.09), fig(890.0, 0.09)],
+        # slower on both sides, then its bench fails twice once more: held, inconclusive
+        unmeasured=[fig(1255.0, 0.07)] * 2 + ["the bench failed: HTTP 503"] * 2,
         flaky=[fig(890.0, 0.09)] * 2,
         gone=["the bench failed: HTTP 503"] * 2,
     )
     up = again.upgrade_again(r, list(hosts))
-    assert up == ["loaded", "recovered", "unsteady"]
-    assert converged == [(r.deploy, ["loaded", "slower", "recovered", "unsteady", "flaky"])]
-    held = r.report.hosts["unsteady"]
+    assert up == ["loaded", "recovered", "unmeasured"]
+    assert converged == [
+        (r.deploy, ["loaded", "slower", "recovered", "unsteady", "unmeasured", "flaky"])
+    ]
+    held = r.report.hosts["unmeasured"]
     assert held.result == "inconclusive" and held.again, held
     assert held.perf.startswith("performance gate inconclusive: ") and "first verdict" in held.perf
+    unsteady = r.report.hosts["unsteady"]
+    assert unsteady.result == "rolled back" and "swung" not in unsteady.perf
+    assert "node's own speed moved more than a threshold" in unsteady.perf, unsteady.perf
     rec = r.report.hosts["loaded"]
     assert rec.result == "upgraded" and rec.again
     assert (
@@ -653,7 +671,7 @@ def test_a_host_rolled_back_only_because_the_node_slowed_is_upgraded_again(gate,
         and "first verdict: failed" in rec.perf
     )
     last = {name: f for name, f in kept}  # the figures each host's record keeps last
-    assert last["loaded"].verdict == rec.perf and last["unsteady"].verdict == held.perf
+    assert last["loaded"].verdict == rec.perf and last["unmeasured"].verdict == held.perf
     assert (last["loaded"].decode_tok_s, last["loaded"].kind) == (900.0, "gate")
     assert rec.perf_after["verdict"] == rec.perf
     slower = r.report.hosts["slower"]
@@ -668,5 +686,5 @@ def test_a_host_rolled_back_only_because_the_node_slowed_is_upgraded_again(gate,
     assert "measured again too" in rec.perf and last["recovered"].decode_tok_s == 1240.0
     gone = r.report.hosts["gone"]
     assert gone.result == "rolled back" and "could not be measured again" in gone.perf
-    assert rolled == [(["slower", "flaky"], ["slower"])]
+    assert rolled == [(["slower", "unsteady", "flaky"], ["slower", "unsteady"])]
     assert "no space left" in r.report.hosts["flaky"].detail
