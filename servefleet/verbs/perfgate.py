@@ -166,8 +166,8 @@ class PerfGate:
             out[name] = (state, said, after)
         return out
 
-    def passed_again(self, sess, verdicts: dict[str, tuple[perf.Figures, str]]) -> None:
-        """The new release's figures on its record again, with the verdict that let it in."""
+    def keep_verdicts(self, sess, verdicts: dict[str, tuple[perf.Figures, str]]) -> None:
+        """The new release's figures on its record again, with the whole rule's verdict."""
 
         def one(host):
             fig, said = verdicts[host.name]
@@ -184,9 +184,9 @@ class PerfGate:
             th = perf.Settings.of(host.data.dict()).thresholds
             unit = serving_unit(host)
             again = [measure(host, "baseline-again", self.rollout_id, unit) for _ in range(2)]
-            figs = [f for f in again if isinstance(f, perf.Figures)]
-            if figs:
-                self.again[host.name] = perf.best(*figs) if len(figs) == 2 else figs[0]
+            now = measured_again(again)
+            if now is not None:
+                self.again[host.name] = now
             return bracket(self.baselines[host.name], again, after[host.name], th)
 
         todo = [h for h in sess.targets if h.name in after and h.name in self.baselines]
@@ -202,6 +202,15 @@ class PerfGate:
                 )
             )
         return out
+
+
+def measured_again(again: list) -> perf.Figures | None:
+    """The previous release's speed from its measurements after the rollback: the best of
+    the two, the one that worked, or None where neither did."""
+    figs = [f for f in again if isinstance(f, perf.Figures)]
+    if not figs:
+        return None
+    return perf.best(*figs) if len(figs) == 2 else figs[0]
 
 
 def bracket(
@@ -222,11 +231,10 @@ def bracket(
     failed on against both measurements counts (a decode swing says nothing of TTFT).
     A previous release that cannot be measured again leaves the verdict as it was (the safe
     one)."""
-    figs = [f for f in again if isinstance(f, perf.Figures)]
-    if not figs:
+    now = measured_again(again)
+    if now is None:
         why = next((f for f in again if isinstance(f, str)), "not measured")
         return perf.FAIL, f"the previous release could not be measured again: {why}"
-    now = perf.best(*figs) if len(figs) == 2 else figs[0]
     verdict = perf.compare(now, after, th)
     if not verdict.failed:
         return perf.PASS, (
@@ -245,6 +253,9 @@ def bracket(
         )
     return perf.FAIL, f"slower than the previous release measured again too ({now.short})"
 
+
+# Joins the verdict of a release measured once more to the earlier ones (verbs/rollout_again.py).
+ONCE_MORE = "; upgraded again and measured once more; the first verdict: "
 
 GATE_SAID = {
     perf.PASS: "performance gate passed: ",
@@ -309,8 +320,8 @@ def judge(
     """The whole rule for one host, as a rollout applies it: decide() on the new release, then,
     where it failed, bracket() on the previous release measured twice after the rollback
     (measure_previous is only called then), then, where that does not clear the new release
-    (slower, or the previous release swung: inconclusive), decide() once more on the new release served again (measure_new_again; see
-    verbs/rollout_again.py). (verdict, what it said); the verdict is perf.PASS (also where the
+    (slower, or the previous release swung: inconclusive), decide() once more on the new
+    release served again (measure_new_again; see verbs/rollout_again.py). (verdict, what it said); the verdict is perf.PASS (also where the
     node slowed, not the release), perf.FAIL or perf.INCONCLUSIVE. The rollout runs the stages
     itself, a batch at a time, with the switches between them; benchmarks/perf_gate.py
     measures the rule's error rates through this function."""
@@ -320,8 +331,7 @@ def judge(
     again = [measure_previous(), measure_previous()]
     state, why = bracket(before, again, after, th)
     said = f"{said}; {why}"
-    measured = any(isinstance(f, perf.Figures) for f in again)
-    if state == perf.PASS or not measured or measure_new_again is None:
+    if state == perf.PASS or measured_again(again) is None or measure_new_again is None:
         return state, said
     state, said_again, _, _ = decide(before, th, measure_new_again, say)
-    return state, f"{said_again}; upgraded again and measured once more; the first verdict: {said}"
+    return state, f"{said_again}{ONCE_MORE}{said}"

@@ -21,13 +21,13 @@ from dataclasses import replace
 
 from servefleet.core import perf
 from servefleet.verbs import session as api
+from servefleet.verbs.perfgate import ONCE_MORE
 from servefleet.verbs.rollout_report import INCONCLUSIVE, ROLLED_BACK, UPGRADED
 
 SAID = {
     perf.PASS: "performance gate passed ",
     perf.INCONCLUSIVE: "performance gate inconclusive: ",
 }
-ONCE_MORE = "; upgraded again and measured once more; the first verdict: "
 
 
 def upgrade_again(ro, slower: list[str]) -> list[str]:
@@ -104,7 +104,7 @@ def upgrade_again(ro, slower: list[str]) -> list[str]:
             rec.detail = f"{rec.detail}; {said}; converging again: {why or 'not run'}"
     if up:  # each verdict with the figures it judged, on the new release's record
         with ro.session(up) as sess:
-            ro.perf.passed_again(sess, {n: (figures[n], back[n].perf) for n in up})
+            ro.perf.keep_verdicts(sess, {n: (figures[n], back[n].perf) for n in up})
         for name in up:
             back[name].perf_after = replace(figures[name], verdict=back[name].perf).to_json()
     kept = [n for n in up if n not in slower_again]
