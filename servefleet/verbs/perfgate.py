@@ -133,15 +133,19 @@ class PerfGate:
                 self.off[name] = f"off (no baseline: {why})"
                 self.say(f"{name}: performance gate {self.off[name]}")
 
-    def check(self, sess, names: list[str]) -> dict[str, tuple[str, str, perf.Figures | None]]:
+    def check(
+        self, sess, names: list[str], against: dict[str, perf.Figures] | None = None
+    ) -> dict[str, tuple[str, str, perf.Figures | None]]:
         """(verdict, what it said, the figures that counted) for each host of `names` that has a
-        baseline; the verdict is perf.PASS, perf.FAIL or perf.INCONCLUSIVE (see decide())."""
+        baseline (or, given `against`, the figures there: the previous release measured again);
+        the verdict is perf.PASS, perf.FAIL or perf.INCONCLUSIVE (see decide())."""
+        baselines = self.baselines if against is None else against
 
         def one(host):
             th = perf.Settings.of(host.data.dict()).thresholds
             unit = serving_unit(host)
             state, said, after, spent = decide(
-                self.baselines[host.name],
+                baselines[host.name],
                 th,
                 lambda: measure(host, "gate", self.rollout_id, unit),
                 lambda line: self.say(f"{host.name}: {line}"),
@@ -151,7 +155,7 @@ class PerfGate:
                 keep(host, after)
             return state, said, after, spent
 
-        todo = [h for h in sess.targets if h.name in names and h.name in self.baselines]
+        todo = [h for h in sess.targets if h.name in names and h.name in baselines]
         out: dict[str, tuple[str, str, perf.Figures | None]] = {}
         for name, res in sess.each(one, todo).items():
             if isinstance(res, Exception):
@@ -255,7 +259,10 @@ def bracket(
 
 
 # Joins the verdict of a release measured once more to the earlier ones (verbs/rollout_again.py).
-ONCE_MORE = "; upgraded again and measured once more; the first verdict: "
+ONCE_MORE = (
+    "; upgraded again and measured once more, against the previous release measured again; "
+    "the first verdict: "
+)
 
 GATE_SAID = {
     perf.PASS: "performance gate passed: ",
@@ -321,7 +328,8 @@ def judge(
     where it failed, bracket() on the previous release measured twice after the rollback
     (measure_previous is only called then), then, where that does not clear the new release
     (slower, or the previous release swung: inconclusive), decide() once more on the new
-    release served again (measure_new_again; see verbs/rollout_again.py). (verdict, what it said); the verdict is perf.PASS (also where the
+    release served again (measure_new_again; see verbs/rollout_again.py), against the previous
+    release measured again. (verdict, what it said); the verdict is perf.PASS (also where the
     node slowed, not the release), perf.FAIL or perf.INCONCLUSIVE. The rollout runs the stages
     itself, a batch at a time, with the switches between them; benchmarks/perf_gate.py
     measures the rule's error rates through this function."""
@@ -331,7 +339,9 @@ def judge(
     again = [measure_previous(), measure_previous()]
     state, why = bracket(before, again, after, th)
     said = f"{said}; {why}"
-    if state == perf.PASS or measured_again(again) is None or measure_new_again is None:
+    now = measured_again(again)
+    if state == perf.PASS or now is None or measure_new_again is None:
         return state, said
-    state, said_again, _, _ = decide(before, th, measure_new_again, say)
+    # Against the previous release's measurement next to it in time, not the first baseline.
+    state, said_again, _, _ = decide(now, th, measure_new_again, say)
     return state, f"{said_again}{ONCE_MORE}{said}"

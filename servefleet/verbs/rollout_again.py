@@ -8,11 +8,13 @@ of seconds to minutes. The rule alternates the releases until a window cannot ex
 - rollback, A again: if A is now as slow as B was, the node slowed, not the release: B is
   served again and passes;
 - otherwise (B slower than A on both sides of it, or A itself swung by more than B is slower)
-  B is served again and measured once more against the same baseline (A B A B): a release is
-  rolled back only if it was slower in both of its windows, with A measured in between. An
-  equally fast release is then rolled back only if load struck both of its windows and spared
-  the baseline's; a slower release pays one more restart and measurement; a figure that still
-  cannot be measured holds the host on the new release, inconclusive.
+  B is served again and measured once more (A B A B), against A measured again, the
+  measurement next to it in time: each of B's windows is judged against the A beside it, so a
+  release is rolled back only if it was slower than A before it, A after it, and A before its
+  second window. An equally fast release is then rolled back only if load struck both of its
+  windows and spared the A between them; a lucky first baseline (a quiet moment before the load
+  began) cannot fail it twice. A slower release pays one more restart and measurement; a
+  figure that still cannot be measured holds the host on the new release, inconclusive.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def upgrade_again(ro, slower: list[str]) -> list[str]:
     again = [n for n in up if n in retry]
     if again:
         with ro.session(again) as sess:
-            checked = ro.perf.check(sess, again)
+            checked = ro.perf.check(sess, again, against=ro.perf.again)
         for name in again:
             state, said, fig = checked.get(
                 name, (perf.INCONCLUSIVE, "performance gate inconclusive: not run", None)

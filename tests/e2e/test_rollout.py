@@ -210,7 +210,8 @@ def test_a_slower_release_fails_the_performance_gate_and_is_rolled_back(llama_fl
     # be measured again, and the rollback stands.
     assert slow["perf"] == after and r["perf"].startswith(slow["perf"]["verdict"])
     stages = (
-        "; upgraded again and measured once more; the first verdict: failed: ",
+        "; upgraded again and measured once more, against the previous release measured "
+        "again; the first verdict: failed: ",
         "; slower than the previous release measured again too (",
     )
     assert all(s in r["perf"] for s in stages) or (
