@@ -26,6 +26,10 @@ Loads: `idle` (nothing else of ours runs: a test session on the machine still do
 (one llama.cpp compile at normal priority, servefleet_dev.testing.load, through every
 measurement of the condition).
 
+The table counts each condition's verdicts; beside them, how many trials two other rules would
+have rolled back on the same traces: `A B A alone` (without the last stage) and `last vs A1` (the
+last stage judged against the first baseline instead of the previous release measured again).
+
 Uses its own testbed instance (SERVEFLEET_TESTBED_INSTANCE=40 unless set); brought down at the
 end unless --keep.
 """
@@ -176,10 +180,13 @@ def brief(t: dict) -> str:
 # --- the rule on the traces ---------------------------------------------------------------------
 
 
-def verdict(t: dict, th: perf.Thresholds, once_more: bool = True) -> tuple[str, float]:
+def verdict(
+    t: dict, th: perf.Thresholds, once_more: bool = True, last_against_first: bool = False
+) -> tuple[str, float]:
     """The rollout's verdict on one trace (verbs.perfgate.judge), and what the gate cost the
     host; once_more=False: the rule without its last stage (A B A: the bracket's verdict
-    stands)."""
+    stands); last_against_first: the last stage against the first baseline, not against the
+    previous release measured again (the rule of stop 38; the cost is not counted then)."""
     kinds = ("after", "again", "once_more")
     steps = {k: iter(t.get(k, ())) for k in kinds}
     # The switch before each stage: the rollback, then serving the new release again.
@@ -199,9 +206,12 @@ def verdict(t: dict, th: perf.Thresholds, once_more: bool = True) -> tuple[str, 
     before = perf.Figures.from_json(t["before"])
     took["s"] += before.seconds if before else 0
     last = (lambda: take("once_more")) if once_more and "once_more" in t else None
-    state, _ = perfgate.judge(
+    state, said = perfgate.judge(
         before, th, lambda: take("after"), lambda: take("again"), measure_new_again=last
     )
+    if last_against_first and perfgate.ONCE_MORE in said:  # the last stage ran: judged again
+        steps["once_more"] = iter(t["once_more"])
+        state = perfgate.decide(before, th, lambda: take("once_more"), lambda line: None)[0]
     if state == perf.FAIL and "once_more" in took["stages"]:
         took["s"] += t["back_s"]  # rolled back once more
     return state, took["s"]
@@ -213,12 +223,13 @@ def judge(traces: dict, th: perf.Thresholds) -> list[dict]:
     for cond, trials in traces["conditions"].items():
         load, rel = cond.split("/")
         counts = {perf.PASS: 0, perf.FAIL: 0, perf.INCONCLUSIVE: 0}
-        costs, aba = [], 0
+        costs, aba, first = [], 0, 0
         for t in trials:
             state, cost = verdict(t, th)
             counts[state] += 1
             costs.append(cost)
             aba += verdict(t, th, once_more=False)[0] == perf.FAIL
+            first += verdict(t, th, last_against_first=True)[0] == perf.FAIL
         wrong = counts[perf.FAIL] if not SHOULD_FAIL[rel] else counts[perf.PASS]
         rows.append(
             {
@@ -227,6 +238,7 @@ def judge(traces: dict, th: perf.Thresholds) -> list[dict]:
                 "trials": len(trials),
                 **counts,
                 "aba": aba,
+                "first": first,
                 "wrong": wrong,
                 "cost_s": statistics.median(costs) if costs else None,
             }
@@ -237,7 +249,8 @@ def judge(traces: dict, th: perf.Thresholds) -> list[dict]:
 def table(rows: list[dict]) -> str:
     head = (
         f"{'load':8} {'release B':10} {'trials':>6} {'passed':>6} {'rolled back':>11} "
-        f"{'inconcl.':>8}  {'wrong':>5}  {'A B A alone':>11}  gate cost/host (median)"
+        f"{'inconcl.':>8}  {'wrong':>5}  {'A B A alone':>11}  {'last vs A1':>10}  "
+        f"gate cost/host (median)"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -245,6 +258,7 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"{r['load']:8} {r['release']:10} {r['trials']:>6} {r[perf.PASS]:>6} "
             f"{r[perf.FAIL]:>11} {r[perf.INCONCLUSIVE]:>8}  {r['wrong']:>5}  {r['aba']:>11}  "
+            f"{r['first']:>10}  "
             f"{r['cost_s']:.1f} s   ({what}: {r['wrong']})"
         )
     return "\n".join(lines)
