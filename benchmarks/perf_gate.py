@@ -5,6 +5,7 @@ beside a background load.
     SERVEFLEET_TESTBED_INSTANCE=40 .venv/bin/python benchmarks/perf_gate.py \\
         [--trials 30] [--loads idle,compile] [--releases same,ttft] [--traces FILE]
     .venv/bin/python benchmarks/perf_gate.py --judge FILE      # the rule again, on saved traces
+    python3 benchmarks/perf_gate.py --node INVENTORY HOST ...  # a node serving the llama recipe
 
 One rtx4090 host (the real llama-server b9785, CPU build, the tiny GGUF, the recipe's unit)
 serves release A. A trial is what a rollout does to a host: the gate's baseline measurement of
@@ -31,7 +32,9 @@ have rolled back on the same traces: `A B A alone` (without the last stage) and 
 last stage judged against the first baseline instead of the previous release measured again).
 
 Uses its own testbed instance (SERVEFLEET_TESTBED_INSTANCE=40 unless set); brought down at the
-end unless --keep.
+end unless --keep. With --node, it measures that host of that inventory instead, as it serves
+the llama.cpp recipe (the GPU node on the lent H200: tests/device/gpunode.sh's `gate` step),
+with that host's data: its workload and thresholds.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import shlex
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 os.environ.setdefault("SERVEFLEET_TESTBED_INSTANCE", "40")
@@ -53,9 +57,6 @@ from servefleet.core.groupdata import load_group  # noqa: E402
 from servefleet.operations.node import run  # noqa: E402
 from servefleet.verbs import perfgate, session as api  # noqa: E402
 from servefleet.verbs.healthgate import gate  # noqa: E402
-from servefleet_dev.testbed import lifecycle, material  # noqa: E402
-from servefleet_dev.testing.load import compile_load  # noqa: E402
-from servefleet_dev.testing.pyinfra_cli import pyinfra  # noqa: E402
 
 INVENTORY, Q4, HOST = "inventory/testbed.py", "deploys/serve_q4_llamacpp.py", "rtx4090-1"
 UNIT = "/etc/systemd/system/servefleet-llama.service"
@@ -78,13 +79,15 @@ def say(line: str) -> None:
 
 
 def unit_with(unit: str, extra: list[str]) -> str:
-    """The recipe's unit with `extra` after the testbed's `--threads 1` on ExecStart."""
+    """The recipe's unit with `extra` at the end of its one ExecStart= line."""
     if not extra:
         return unit
-    marker = "--threads 1"
-    if unit.count(marker) != 1:
-        raise SystemExit(f"the unit has {unit.count(marker)} '{marker}': {unit}")
-    return unit.replace(marker, f"{marker} {' '.join(extra)}")
+    lines = unit.split("\n")
+    at = [i for i, line in enumerate(lines) if line.startswith("ExecStart=")]
+    if len(at) != 1:
+        raise SystemExit(f"the unit has {len(at)} ExecStart= lines: {unit}")
+    lines[at[0]] = f"{lines[at[0]]} {shlex.join(extra)}"
+    return "\n".join(lines)
 
 
 def switch(host, unit_text: str) -> float:
@@ -115,13 +118,13 @@ def measure(host) -> dict | str:
 
 
 @contextlib.contextmanager
-def the_node():
+def the_node(inventory: str = INVENTORY, name: str = HOST):
     """(the host, a call of func(host) in its context, release A's unit) for one session."""
-    with api.session(INVENTORY, [HOST], None) as sess:
+    with api.session(inventory, [name], None) as sess:
         host = sess.targets[0]
 
         def on_host(func):
-            res = sess.each(func, [host])[HOST]
+            res = sess.each(func, [host])[name]
             if isinstance(res, Exception):
                 raise res
             return res
@@ -145,6 +148,17 @@ def trial(host, unit_a: str, unit_b: str) -> dict:
     return t
 
 
+def background(load: str):
+    """The load beside a condition's measurements: `compile` or none (`idle`)."""
+    if load != "compile":
+        return contextlib.nullcontext()
+    # Imported here: a --node run (the GPU node's launching chroot) has only the operator's
+    # packages, not the testbed's.
+    from servefleet_dev.testing.load import compile_load
+
+    return compile_load()
+
+
 def collect(args) -> dict:
     traces: dict = {
         "meta": {
@@ -154,10 +168,13 @@ def collect(args) -> dict:
         },
         "conditions": {},
     }
-    with the_node() as (host, on_host, unit_a):
-        traces["meta"]["workload"] = perf.Settings.of(host.data.dict()).workload.to_json()
+    with the_node(*(args.node or (INVENTORY, HOST))) as (host, on_host, unit_a):
+        settings = perf.Settings.of(host.data.dict())
+        traces["meta"]["node"] = host.name
+        traces["meta"]["workload"] = settings.workload.to_json()
+        traces["meta"]["thresholds"] = asdict(settings.thresholds)
         for load in args.loads:
-            with compile_load() if load == "compile" else contextlib.nullcontext():
+            with background(load):
                 for rel in args.releases:
                     unit_b = unit_with(unit_a, RELEASES[rel])
                     got = []
@@ -297,13 +314,24 @@ def main() -> int:
     ap.add_argument("--releases", default="same,ttft")
     ap.add_argument("--traces", help="write the traces to this JSON file")
     ap.add_argument("--judge", help="judge the traces in this file (no testbed)")
+    ap.add_argument(
+        "--node",
+        nargs=2,
+        metavar=("INVENTORY", "HOST"),
+        help="measure this host, serving the llama.cpp recipe (no testbed)",
+    )
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--calibrate", metavar="JSON", help="measure A against A + these arguments")
     args = ap.parse_args()
     args.loads, args.releases = args.loads.split(","), args.releases.split(",")
     if args.judge:
         traces = json.loads(Path(args.judge).read_text())
+    elif args.node:
+        traces = collect(args)
     else:
+        from servefleet_dev.testbed import lifecycle, material
+        from servefleet_dev.testing.pyinfra_cli import pyinfra
+
         quiet = lambda m: None  # noqa: E731
         try:
             lifecycle.up([HOST], log=quiet)
@@ -318,12 +346,16 @@ def main() -> int:
         finally:
             if not args.keep:
                 lifecycle.down(log=quiet)
-    data = {}
-    for group in ("all", "rtx4090", "llamacpp", "testbed_llamacpp", "testbed"):
-        data.update(load_group(group))
-    th = perf.Settings.of(data).thresholds
+    if "thresholds" in traces["meta"]:  # the measured host's own
+        th = perf.Thresholds(**traces["meta"]["thresholds"])
+    else:  # traces from before they were kept: the testbed's
+        data = {}
+        for group in ("all", "rtx4090", "llamacpp", "testbed_llamacpp", "testbed"):
+            data.update(load_group(group))
+        th = perf.Settings.of(data).thresholds
     print(
-        f"{traces['meta']['date']}, {traces['meta']['cores']} cores, workload "
+        f"{traces['meta'].get('node', HOST)}, {traces['meta']['date']}, "
+        f"{traces['meta']['cores']} cores, workload "
         f"{traces['meta'].get('workload')}, thresholds decode -{th.decode_drop_pct} %, "
         f"TTFT +{th.ttft_rise_pct} %"
     )

@@ -13,6 +13,8 @@
 #   carry [".devrun/gpunode/cNN"]:  bash tests/device/gpunode.sh stage up converge_bg
 #   bash tests/device/gpunode.sh wait_converge
 #   bash tests/device/gpunode.sh steps again drift rollout rollback broken final collect
+#   GATE_TRIALS=5 bash tests/device/gpunode.sh steps gate collect   # the performance gate's
+#                                   error rates on the GPU (benchmarks/perf_gate.py --node)
 #
 # Results: $OUT/gpunode-results.tar.gz (each step's JSON and log, the unit, the nspawn line, the
 # guest's journal), committed to tests/fixtures/h200/node/ (tests/unit/test_h200_node.py). On
@@ -47,7 +49,7 @@ in_tools() {  # a command in the launching chroot, the project as working direct
         PYTHONPATH=/opt/sf-operator/site:/repo SERVEFLEET_GPUNODE_DIR=/gpunode \
         SERVEFLEET_GPUNODE_REHEARSAL="$REHEARSAL" SERVEFLEET_CACHE=/gpunode/cache \
         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-        PYTHONUNBUFFERED=1 sh -c "cd /repo && $*"
+        PYTHONUNBUFFERED=1 GATE_TRIALS="${GATE_TRIALS:-5}" sh -c "cd /repo && $*"
 }
 
 nspawn_pid() { cat "$W/nspawn.pid" 2>/dev/null; }

@@ -2,7 +2,7 @@
 side: the image's Python with pyinfra, the project as the working directory).
 
     python3 tests/device/gpunode/steps.py STEP...   (converge, again, drift, rollout,
-                                                    rollback, broken, final; inspect)
+                                                    rollback, broken, final; inspect, gate)
 
 Each step drives the product as an operator does (pyinfra's CLI, the servefleet verbs), then
 reads the node as root over SSH, and writes RESULTS/<step>.json and RESULTS/<step>.log.
@@ -439,7 +439,54 @@ def step_secrets() -> bool:
     return write("secrets", {"ok": ok, "checks": checks, "seen": seen}, json.dumps(seen))
 
 
+def step_gate() -> bool:
+    """The performance gate's error rates on the GPU (benchmarks/perf_gate.py --node): trials of
+    an equally fast release (A restarted) and of a slower one (--ubatch-size 1), each measured as
+    a rollout measures it, judged by the rollout's rule with this host's thresholds (the
+    product's, group_data/rtx4090.py). GATE_TRIALS per release (default 5); no background
+    load here: the lent machine has 16 cores and no compile to run."""
+    trials = os.environ.get("GATE_TRIALS", "5")
+    traces = RESULTS / "gate-traces.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/perf_gate.py",
+            "--node",
+            INVENTORY,
+            gpunode.NODE,
+            "--trials",
+            trials,
+            "--loads",
+            "idle",
+            "--traces",
+            str(traces),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+    rows = [line for line in r.stdout.splitlines() if line.startswith("idle ")]
+    false_rollbacks = [
+        int(line.split("false rollbacks: ")[1].rstrip(")"))
+        for line in rows
+        if "false rollbacks: " in line
+    ]
+    missed = [int(line.split("missed: ")[1].rstrip(")")) for line in rows if "missed: " in line]
+    checks = {
+        "rc": r.returncode,
+        "trials": trials,
+        "false_rollbacks": false_rollbacks,
+        "missed": missed,
+        "serving_after": healthy(serving()),
+    }
+    ok = r.returncode == 0 and len(rows) == 2 and checks["serving_after"]
+    return write("gate", {"ok": ok, "checks": checks, "table": r.stdout}, r.stdout + r.stderr)
+
+
 STEPS = {
+    "gate": step_gate,
     "converge": step_converge,
     "again": step_again,
     "drift": step_drift,
