@@ -5,6 +5,7 @@ beside a background load.
     SERVEFLEET_TESTBED_INSTANCE=40 .venv/bin/python benchmarks/perf_gate.py \\
         [--trials 30] [--loads idle,compile] [--releases same,ttft] [--traces FILE]
     .venv/bin/python benchmarks/perf_gate.py --judge FILE      # the rule again, on saved traces
+    ... perf_gate.py --ab b9785-patch1 --trials 6 [--loads ...]  # the node's own noise: A vs B
     python3 benchmarks/perf_gate.py --node INVENTORY HOST ...  # a node serving the llama recipe
 
 One rtx4090 host (the real llama-server b9785, CPU build, the tiny GGUF, the recipe's unit)
@@ -79,14 +80,16 @@ def say(line: str) -> None:
 
 
 def unit_with(unit: str, extra: list[str]) -> str:
-    """The recipe's unit with `extra` at the end of its one ExecStart= line."""
+    """The recipe's unit with `extra` right after the binary on its one ExecStart= line (the
+    line goes on with a backslash: the arguments continue on the next lines)."""
     if not extra:
         return unit
     lines = unit.split("\n")
     at = [i for i, line in enumerate(lines) if line.startswith("ExecStart=")]
     if len(at) != 1:
         raise SystemExit(f"the unit has {len(at)} ExecStart= lines: {unit}")
-    lines[at[0]] = f"{lines[at[0]]} {shlex.join(extra)}"
+    binary, _, rest = lines[at[0]].partition(" ")
+    lines[at[0]] = f"{binary} {shlex.join(extra)} {rest}"
     return "\n".join(lines)
 
 
@@ -307,6 +310,55 @@ def calibrate(args) -> None:
     )
 
 
+def ab(args) -> None:
+    """Release A (the testbed's pin) against the build of tag args.ab (rolled out without a
+    gate, then served by switching units, as calibrate): alternately, --trials pairs of two
+    measurements each, under each of --loads. The node's own noise, in the figures the gate
+    compares: what any threshold on this node has to stay outside."""
+    import subprocess
+
+    from servefleet_dev.testing.llama_src import commits
+
+    with the_node() as (_, _, unit_a):
+        pass
+    cli = [sys.executable, "-c", "from servefleet.cli import main; raise SystemExit(main())"]
+    tag = [f"llamacpp_tag={args.ab}", f"llamacpp_commit={commits()[args.ab]}", "releases_keep=3"]
+    data = [a for kv in tag for a in ("--data", kv)]
+    r = subprocess.run(
+        [*cli, "rollout", INVENTORY, Q4, "--no-perf-gate", "--limit", HOST, *data],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"the rollout to {args.ab} failed: {r.stdout[-800:]}{r.stderr[-800:]}")
+    with the_node() as (_, on_host, unit_b):
+        for load in args.loads:
+            got: dict[str, list] = {"a": [], "b": []}
+            with background(load):
+                for i in range(args.trials):
+                    for key, unit in (("a", unit_a), ("b", unit_b)):
+                        on_host(lambda h, u=unit: switch(h, u))
+                        for _ in range(2):
+                            fig = perf.Figures.from_json(on_host(measure))
+                            got[key].append(fig)
+                            say(f"{load} {key} {i + 1}/{args.trials}: {own(fig)}")
+            for key, figs in got.items():
+                name = "A (pin)" if key == "a" else f"B ({args.ab})"
+                d = [f.own_decode_tok_s or f.decode_tok_s for f in figs]
+                t = [f.own_ttft_s or f.ttft_s for f in figs]
+                print(
+                    f"{load:8} {name:22} decode median {statistics.median(d):6.0f} tok/s "
+                    f"(min {min(d):.0f}, max {max(d):.0f}); TTFT median "
+                    f"{statistics.median(t):.3f} s (min {min(t):.3f}, max {max(t):.3f})"
+                )
+
+
+def own(fig: perf.Figures) -> str:
+    if not fig.has_own:
+        return fig.short
+    return f"own {fig.own_decode_tok_s:.0f} tok/s, TTFT {fig.own_ttft_s:.3f} s ({fig.short})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=30)
@@ -322,6 +374,7 @@ def main() -> int:
     )
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--calibrate", metavar="JSON", help="measure A against A + these arguments")
+    ap.add_argument("--ab", metavar="TAG", help="measure A against the build of this tag")
     args = ap.parse_args()
     args.loads, args.releases = args.loads.split(","), args.releases.split(",")
     if args.judge:
@@ -341,6 +394,9 @@ def main() -> int:
                 raise SystemExit(out.output[-3000:])
             if args.calibrate:
                 calibrate(args)
+                return 0
+            if args.ab:
+                ab(args)
                 return 0
             traces = collect(args)
         finally:

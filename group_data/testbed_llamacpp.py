@@ -36,7 +36,15 @@ health_settle_s = 3  # a crash loop shows within seconds here
 # milliseconds here, so scheduler jitter on a compile's busy cores is a large share of it: a release
 # equally fast measured +25 % and more in both gate measurements and was rolled back (CI, 2026-12-06);
 # +40 % still fails the slow release the tests use (--ubatch-size 1: +83 % to +195 %).
-perf_gate_decode_drop_pct = 20  # wider than the default: the testbed's CPU decode is noisy
+# The decode figure has two speeds here, whatever the release: the same build measured 505-560 and
+# 900-1,000 tok/s (own figures, 2026-12-07, one host, b9785 and b9785-patch1 alternately, idle and
+# beside a compile: benchmarks/perf_gate.py --ab), the slow one ~45 % below the fast one, for
+# seconds to minutes (a busy SMT sibling or host core: no CPU wait the PSI figures can remove).
+# At -20 % an equally fast upgrade measured in the slow speed four times in a row, A B A B, was
+# rolled back (CI 2026-12-06, 2026-12-07 twice); so the testbed checks decode only for a halving.
+# A 30 % decode regression cannot be told from this node's noise; the decode rule is tested by its
+# unit tests (a GPU node keeps the product's -10 %).
+perf_gate_decode_drop_pct = 50  # beyond the testbed's two decode speeds (~45 % apart)
 perf_gate_ttft_rise_pct = 40  # wider than the default's 25 %: TTFT of tens of ms on shared cores
 perf_gate_runs = 5  # the tiny model decodes ~1,000 tok/s: more and longer requests than a real node needs
 perf_gate_max_tokens = 256  # a decode window of ~0.25 s, not 0.06 s: scheduler jitter is a smaller share
