@@ -53,6 +53,7 @@ from pathlib import Path
 
 os.environ.setdefault("SERVEFLEET_TESTBED_INSTANCE", "40")
 
+from servefleet.cli.args import parse_data  # noqa: E402
 from servefleet.core import perf  # noqa: E402
 from servefleet.core.groupdata import load_group  # noqa: E402
 from servefleet.operations.node import run  # noqa: E402
@@ -121,9 +122,9 @@ def measure(host) -> dict | str:
 
 
 @contextlib.contextmanager
-def the_node(inventory: str = INVENTORY, name: str = HOST):
+def the_node(inventory: str = INVENTORY, name: str = HOST, data: dict | None = None):
     """(the host, a call of func(host) in its context, release A's unit) for one session."""
-    with api.session(inventory, [name], None) as sess:
+    with api.session(inventory, [name], data) as sess:
         host = sess.targets[0]
 
         def on_host(func):
@@ -171,7 +172,8 @@ def collect(args) -> dict:
         },
         "conditions": {},
     }
-    with the_node(*(args.node or (INVENTORY, HOST))) as (host, on_host, unit_a):
+    data = parse_data(args.data)  # as servefleet's --data reads them
+    with the_node(*(args.node or (INVENTORY, HOST)), data or None) as (host, on_host, unit_a):
         settings = perf.Settings.of(host.data.dict())
         traces["meta"]["node"] = host.name
         traces["meta"]["workload"] = settings.workload.to_json()
@@ -371,6 +373,14 @@ def main() -> int:
         nargs=2,
         metavar=("INVENTORY", "HOST"),
         help="measure this host, serving the llama.cpp recipe (no testbed)",
+    )
+    ap.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="host data for the benchmark's session (e.g. health_settle_s=5: the switches' "
+        "health gate waits less; the gate's figures are measured as before)",
     )
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--calibrate", metavar="JSON", help="measure A against A + these arguments")

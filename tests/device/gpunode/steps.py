@@ -461,6 +461,10 @@ def step_gate() -> bool:
             "idle",
             "--traces",
             str(traces),
+            # the switches' health gate: the unit up and healthy for 5 s, not the recipe's 30 s
+            # (a trial switches releases four times; the measurements are the rollout's)
+            "--data",
+            "health_settle_s=5",
         ],
         cwd=REPO,
         capture_output=True,
