@@ -286,18 +286,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def alternate(
+    on_host, units: dict, trials: int, each: int, shown, prefix: str = ""
+) -> dict[str, list]:
+    """Each unit of `units` (key -> unit text) served in turn, `trials` times, with `each`
+    measurements after every switch: {key: [Figures, ...]}; each measurement said as shown()."""
+    got: dict[str, list] = {key: [] for key in units}
+    for i in range(trials):
+        for key, unit in units.items():
+            on_host(lambda h, u=unit: switch(h, u))
+            for _ in range(each):
+                fig = perf.Figures.from_json(on_host(measure))
+                got[key].append(fig)
+                say(f"{prefix}{' ' if prefix else ''}{key} {i + 1}/{trials}: {shown(fig)}")
+    return got
+
+
 def calibrate(args) -> None:
     """A against A + args.calibrate, alternately, --trials times each: the change the gate sees."""
     extra = json.loads(args.calibrate)
     with the_node() as (host, on_host, unit_a):
         unit_b = unit_with(unit_a, extra)
-        got: dict[str, list] = {"a": [], "b": []}
-        for i in range(args.trials):
-            for key, unit in (("b", unit_b), ("a", unit_a)):
-                on_host(lambda h, u=unit: switch(h, u))
-                fig = perf.Figures.from_json(on_host(measure))
-                got[key].append(fig)
-                say(f"{key} {i + 1}/{args.trials}: {fig.short}")
+        got = alternate(on_host, {"b": unit_b, "a": unit_a}, args.trials, 1, lambda f: f.short)
     own = all(f.has_own for f in got["a"] + got["b"])  # compared as the gate compares them
 
     def med(key: str, figure: str) -> float:
@@ -335,15 +345,8 @@ def ab(args) -> None:
         raise SystemExit(f"the rollout to {args.ab} failed: {r.stdout[-800:]}{r.stderr[-800:]}")
     with the_node() as (_, on_host, unit_b):
         for load in args.loads:
-            got: dict[str, list] = {"a": [], "b": []}
             with background(load):
-                for i in range(args.trials):
-                    for key, unit in (("a", unit_a), ("b", unit_b)):
-                        on_host(lambda h, u=unit: switch(h, u))
-                        for _ in range(2):
-                            fig = perf.Figures.from_json(on_host(measure))
-                            got[key].append(fig)
-                            say(f"{load} {key} {i + 1}/{args.trials}: {own(fig)}")
+                got = alternate(on_host, {"a": unit_a, "b": unit_b}, args.trials, 2, own, load)
             for key, figs in got.items():
                 name = "A (pin)" if key == "a" else f"B ({args.ab})"
                 d = [f.own_decode_tok_s or f.decode_tok_s for f in figs]
