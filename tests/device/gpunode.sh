@@ -13,8 +13,8 @@
 #   carry [".devrun/gpunode/cNN"]:  bash tests/device/gpunode.sh stage up converge_bg
 #   bash tests/device/gpunode.sh wait_converge
 #   bash tests/device/gpunode.sh steps again drift rollout rollback broken final collect
-#   GATE_TRIALS=5 bash tests/device/gpunode.sh steps gate collect   # the performance gate's
-#                                   error rates on the GPU (benchmarks/perf_gate.py --node)
+#   GATE_TRIALS=8 bash tests/device/gpunode.sh gate_bg   # the performance gate's error rates on
+#   bash tests/device/gpunode.sh wait_gate collect      # the GPU (benchmarks/perf_gate.py --node)
 #
 # Results: $OUT/gpunode-results.tar.gz (each step's JSON and log, the unit, the nspawn line, the
 # guest's journal), committed to tests/fixtures/h200/node/ (tests/unit/test_h200_node.py). On
@@ -198,21 +198,26 @@ up() {
 
 steps() { in_tools python3 tests/device/gpunode/steps.py "$@"; }
 
-# The first converge outlasts a call's stage + up (the CUDA build: ~6 min on 16 cores): started
-# in the background (its own session survives the call), waited for by the next call.
-converge_bg() {
-    rm -f "$P/results/converge.json"
-    setsid bash "$REPO/tests/device/gpunode.sh" steps converge > "$W/converge-bg.log" 2>&1 < /dev/null &
-    say "first converge started in the background (log $W/converge-bg.log)"
+# Steps that outlast a call (the first converge: the CUDA build, ~6 min on 16 cores; the gate's
+# trials) start in the background (their own session survives the call); the next call waits.
+in_bg() {  # in_bg STEP: tests/device/gpunode/steps.py STEP, in the background
+    rm -f "$P/results/$1.json"
+    setsid bash "$REPO/tests/device/gpunode.sh" steps "$1" > "$W/$1-bg.log" 2>&1 < /dev/null &
+    say "$1 started in the background (log $W/$1-bg.log)"
 }
 
-wait_converge() {
+wait_for() {  # wait_for STEP: until its results JSON is written (GPUNODE_WAIT s at most)
     local limit=${GPUNODE_WAIT:-560} t=0
-    while [ ! -f "$P/results/converge.json" ] && [ $t -lt "$limit" ]; do sleep 5; t=$((t + 5)); done
-    tail -n 3 "$W/converge-bg.log"
-    [ -f "$P/results/converge.json" ] || { say "converge still running after ${limit}s"; return 4; }
-    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("checks"), d.get("error")); sys.exit(0 if d.get("ok") else 1)' "$P/results/converge.json"
+    while [ ! -f "$P/results/$1.json" ] && [ $t -lt "$limit" ]; do sleep 5; t=$((t + 5)); done
+    tail -n 3 "$W/$1-bg.log"
+    [ -f "$P/results/$1.json" ] || { say "$1 still running after ${limit}s"; return 4; }
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("checks"), d.get("error")); sys.exit(0 if d.get("ok") else 1)' "$P/results/$1.json"
 }
+
+converge_bg() { in_bg converge; }
+wait_converge() { wait_for converge; }
+gate_bg() { in_bg gate; }
+wait_gate() { wait_for gate; }
 
 collect() {
     local r=$P/results
@@ -238,8 +243,8 @@ rc=0
 while [ $# -gt 0 ]; do
     step=$1; shift
     case $step in
-        stage|up|collect|down|converge_bg|wait_converge) say "=== $step"; $step || { rc=$?; say "$step failed ($rc)"; break; } ;;
-        steps) args=(); while [ $# -gt 0 ] && [[ ! $1 =~ ^(stage|up|collect|down|converge_bg|wait_converge)$ ]]; do args+=("$1"); shift; done
+        stage|up|collect|down|converge_bg|wait_converge|gate_bg|wait_gate) say "=== $step"; $step || { rc=$?; say "$step failed ($rc)"; break; } ;;
+        steps) args=(); while [ $# -gt 0 ] && [[ ! $1 =~ ^(stage|up|collect|down|converge_bg|wait_converge|gate_bg|wait_gate)$ ]]; do args+=("$1"); shift; done
                say "=== steps ${args[*]}"; steps "${args[@]}" || rc=1 ;;
         *) say "unknown step $step"; rc=2; break ;;
     esac
