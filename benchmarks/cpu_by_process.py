@@ -33,16 +33,30 @@ import time
 HZ = os.sysconf("SC_CLK_TCK")
 AHZ = 100  # acct_v3's time unit
 ACCT_V3 = struct.Struct("<BBHIIIIIIf8H16s")  # include/uapi/linux/acct.h, struct acct_v3
-PYTHON_ROLES = (  # (a word in the command line, the role), first match wins
+PYTHON_ROLES = (  # (a word in the command line, the role), first match wins; else its script
     ("pyinfra", "pyinfra"),
     ("servefleet.cli", "servefleet CLI"),
-    ("prefetch", "prefetch"),
+    ("servefleet_dev.testing.prefetch", "prefetch"),
     ("xdist", "pytest worker"),
     ("pytest", "pytest"),
-    ("vllm", "vLLM stand-in"),
-    ("/opt/servefleet/", "servefleet node"),
-    ("pip", "pip"),
 )
+
+
+def python_role(argv: list[str]) -> str:
+    """What a Python runs: a role above, `-m module`, `-c`, or its script's file name."""
+    words = " ".join(argv)
+    role = next((r for w, r in PYTHON_ROLES if w in words), None)
+    if role:
+        return role
+    args = iter(argv[1:])
+    for a in args:
+        if a == "-m":
+            return f"-m {next(args, '')}"
+        if a == "-c":
+            return "-c"
+        if not a.startswith("-"):
+            return os.path.basename(a)
+    return "?"
 
 
 def comp_t(v: int) -> int:
@@ -59,13 +73,10 @@ def what(pid: str, comm: str, host_ns: str) -> tuple[str, str]:
     if not comm.startswith("python"):
         return where, comm
     try:
-        words = (
-            open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        )
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
     except OSError:
-        words = ""
-    role = next((r for w, r in PYTHON_ROLES if w in words), "other")
-    return where, f"python ({role})"
+        argv = []
+    return where, f"python ({python_role([a for a in argv if a])})"
 
 
 def snapshot(host_ns: str, known: dict) -> dict:
