@@ -1,6 +1,6 @@
 # The GPU node on the lent H200 (tests/device/gpunode.sh): one rtx4090 host, reached like a
 # real node (the sudo admin, the host key pinned, strict checking), its sshd on the machine's
-# loopback. Group data: group_data/rtx4090.py < group_data/h200_gpu.py (this file's name).
+# loopback. Group data: rtx4090.py < llamacpp.py < h200_gpu.py (this file's name), group_data/.
 # SERVEFLEET_GPUNODE_DIR: where the carried payload is (the launching chroot's /gpunode).
 # SERVEFLEET_GPUNODE_REHEARSAL=1: the same run on a machine without a GPU (this workplace's):
 # host data turns the GPU off and builds llama.cpp for the CPU, from the testbed's ccache.
@@ -45,11 +45,16 @@ def _hosts():
     validate_hosts(
         [
             InventoryHost(
-                gpunode.NODE, ["rtx4090", gpunode.GROUP], data, "tests/device/gpunode/h200_gpu.py"
+                gpunode.NODE,
+                ["rtx4090", "llamacpp", gpunode.GROUP],
+                data,
+                "tests/device/gpunode/h200_gpu.py",
             )
         ]
     )
     return [(gpunode.NODE, data)]
 
 
+# The node class's group, then its engine's (as inventory/rtx4090.py's fleet_groups puts them).
 rtx4090 = stop_on_bad_input(_hosts)
+llamacpp = rtx4090
