@@ -14,7 +14,7 @@ each process as it exits; a guest's processes are recorded too, under the machin
 for processes still running at the end, /proc's own times then (less what they had at the start).
 /proc is also read every --interval seconds to learn what each process is (its PID namespace: a
 guest's or the machine's; a Python's command line); a process that lives less than that is named
-after its nearest known ancestor's kind: "guest: sh (under python (servefleet node))".
+after its nearest known ancestor's kind: "guest: sh (under python (health.py))".
 """
 
 from __future__ import annotations
