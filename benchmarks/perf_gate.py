@@ -180,13 +180,15 @@ def collect(args) -> dict:
         traces["meta"]["thresholds"] = asdict(settings.thresholds)
         for load in args.loads:
             with background(load):
-                for rel in args.releases:
-                    unit_b = unit_with(unit_a, RELEASES[rel])
-                    got = []
-                    for i in range(args.trials):
+                # The releases take turns, trial by trial: a run cut short (a lent machine's
+                # time) still has trials of each, and a drift of the node's speed over the run
+                # falls on both alike.
+                for i in range(args.trials):
+                    for rel in args.releases:
+                        unit_b = unit_with(unit_a, RELEASES[rel])
+                        got = traces["conditions"].setdefault(f"{load}/{rel}", [])
                         got.append(on_host(lambda h, b=unit_b: trial(h, unit_a, b)))
                         say(f"{load} {rel} {i + 1}/{args.trials}: {brief(got[-1])}")
-                        traces["conditions"][f"{load}/{rel}"] = got
                         if args.traces:  # after every trial: an interrupted run keeps its traces
                             Path(args.traces).write_text(json.dumps(traces))
     return traces

@@ -34,6 +34,8 @@ from pathlib import Path
 
 from servefleet.core.groupdata import load_group
 from servefleet.core.paths import cache_subdir
+from servefleet.fleet.inventory import groups_of
+from servefleet.fleet.nodes import NODE_CLASSES
 from servefleet_dev.hub import publish
 from servefleet_dev.testbed import hosts, image
 from servefleet_dev.testbed.state import HostRecord
@@ -45,6 +47,10 @@ SSH_PORT = 2022  # the H200's port 22 is free, this machine's may not be: one po
 HUB_PORT = 8091
 INDEX_PORT = 8092
 GROUP = "h200_gpu"  # the inventory's file-name group: group_data/h200_gpu.py
+# Its pyinfra groups, later data winning: those fleet.yml gives a 4090 (the class's, its engine's;
+# inventory.groups_of), then the inventory file's. Named by hand, they once lacked the engine's.
+_CLASS = next(n for n in NODE_CLASSES if n.name == "rtx4090")
+GROUPS = groups_of(_CLASS.name, _CLASS.engine, GROUP)
 PART_BYTES = 60 * 1024**2  # one part per device call (64 MiB with the working tree)
 # The guest's docs, manuals and translations are not carried (a smaller tarball, fewer calls).
 DPKG_OPTS = (
@@ -63,7 +69,7 @@ OPERATOR_DIR = "/opt/sf-operator"  # in the tools chroot only; removed from the 
 def recipe_data() -> dict:
     """The data a GPU node of that group gets (later groups win), as pyinfra layers it."""
     out: dict = {}
-    for name in ("all", "rtx4090", "llamacpp", GROUP):
+    for name in ("all", *GROUPS):
         out.update(load_group(name) or {})
     return out
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
+from pyinfra.api import State
+from pyinfra.context import ctx_state
+from pyinfra_cli.inventory import make_inventory
 
 from servefleet.core import sandbox
 from servefleet.core.groupdata import load_group
@@ -28,6 +32,34 @@ NODE = ROOT / "tests" / "fixtures" / "h200" / "node"
 
 def result(step: str) -> dict:
     return json.loads((NODE / f"{step}.json").read_text())
+
+
+def test_the_device_inventory_gives_the_node_a_4090s_groups_and_the_recipes_data(
+    monkeypatch, tmp_path
+):
+    """tests/device/gpunode/h200_gpu.py, loaded as pyinfra loads it: its host is in the groups a
+    4090 of fleet.yml is in (the class's, then its engine's), then the file's; and so it has the
+    data the recipe reads (once, the engine's group was missing: no llamacpp_cmake_flags)."""
+    monkeypatch.chdir(ROOT)  # group_data/ is read from the current directory, as by the CLI
+    monkeypatch.setenv("SERVEFLEET_GPUNODE_DIR", str(tmp_path))  # the carried key, as there
+    (tmp_path / "ssh").mkdir()
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "ssh/id_ed25519")],
+        check=True,
+    )
+    kind, key = (tmp_path / "ssh/id_ed25519.pub").read_text().split()[:2]
+    (tmp_path / "ssh/known_hosts").write_text(f"[127.0.0.1]:{gpunode.SSH_PORT} {kind} {key}\n")
+    with ctx_state.use(State()):
+        inv = make_inventory("tests/device/gpunode/h200_gpu.py", cwd=str(ROOT))
+    (host,) = list(inv)
+    assert host.name == gpunode.NODE
+    assert host.groups == ["rtx4090", "llamacpp", gpunode.GROUP]
+    data = host.data.dict()
+    assert llamacpp.cmake_flags(data)["CMAKE_CUDA_ARCHITECTURES"] == "90"
+    assert data["require_gpu"] is True and data["ssh_key"] == f"{tmp_path}/ssh/id_ed25519"
+    assert data["hf_endpoint"] == f"http://127.0.0.1:{gpunode.HUB_PORT}"  # the host's own: its hub
+    for key, value in gpunode.recipe_data().items():  # the rest, the groups' in their order
+        assert key == "hf_endpoint" or data[key] == value, key
 
 
 def test_the_group_differs_from_the_4090s_only_where_the_h200_does():

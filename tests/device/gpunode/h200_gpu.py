@@ -9,8 +9,8 @@ import os
 from servefleet.fleet.inventory import InventoryHost, stop_on_bad_input, validate_hosts
 from servefleet_dev.testbed import gpunode
 
-HERE = os.environ.get("SERVEFLEET_GPUNODE_DIR", "/gpunode")
-REHEARSAL = {
+_HERE = os.environ.get("SERVEFLEET_GPUNODE_DIR", "/gpunode")
+_REHEARSAL = {
     "require_gpu": False,
     "llamacpp_cmake_flags": {
         "GGML_CUDA": "OFF",
@@ -34,19 +34,19 @@ def _hosts():
         "ssh_hostname": "127.0.0.1",
         "ssh_port": gpunode.SSH_PORT,
         "ssh_user": "fleetadmin",
-        "ssh_key": f"{HERE}/ssh/id_ed25519",
-        "ssh_known_hosts_file": f"{HERE}/ssh/known_hosts",
+        "ssh_key": f"{_HERE}/ssh/id_ed25519",
+        "ssh_known_hosts_file": f"{_HERE}/ssh/known_hosts",
         "ssh_strict_host_key_checking": "yes",
         "_sudo": True,
         "hf_endpoint": f"http://127.0.0.1:{gpunode.HUB_PORT}",
     }
     if os.environ.get("SERVEFLEET_GPUNODE_REHEARSAL") == "1":
-        data.update(REHEARSAL)
+        data.update(_REHEARSAL)
     validate_hosts(
         [
             InventoryHost(
                 gpunode.NODE,
-                ["rtx4090", "llamacpp", gpunode.GROUP],
+                gpunode.GROUPS,
                 data,
                 "tests/device/gpunode/h200_gpu.py",
             )
@@ -55,6 +55,6 @@ def _hosts():
     return [(gpunode.NODE, data)]
 
 
-# The node class's group, then its engine's (as inventory/rtx4090.py's fleet_groups puts them).
-rtx4090 = stop_on_bad_input(_hosts)
-llamacpp = rtx4090
+# pyinfra's groups (gpunode.GROUPS: the class's, its engine's), each a module-level list; the
+# last, this file's name, pyinfra adds itself.
+globals().update({g: stop_on_bad_input(_hosts) for g in gpunode.GROUPS[:-1]})
