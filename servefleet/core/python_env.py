@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# The environment of every uv command on a node: the system's CA store (a site's proxy CA), never
+# a Python uv downloads itself, no progress bars in the logs.
+UV_ENV = {"UV_SYSTEM_CERTS": "1", "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+
 
 def source_args(data) -> list[str]:
     """Index / extra index / find-links arguments for pip or uv pip, from data (a mapping or

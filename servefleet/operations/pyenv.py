@@ -72,6 +72,7 @@ def packages(
     uv: str | None = None,
     torch_cuda: str | None = None,
     env: dict | None = None,
+    compile_bytecode: bool = False,
 ):
     """
     Install pinned packages into a venv when the installed versions differ, then read the
@@ -84,6 +85,8 @@ def packages(
     + uv: install with this uv binary (else the venv's pip)
     + torch_cuda: the ``torch.version.cuda`` torch must report, e.g. ``"13.0"`` (None: no check)
     + env: extra environment of the installer
+    + compile_bytecode: with uv, compile the venv's sources to .pyc as pip does (a root-owned venv
+      whose tools run as other users could not cache them: each run would compile them again)
 
     A torch whose version matches but whose CUDA build does not is not reinstalled (the same
     source would give the same build): the host fails with both values and the fix.
@@ -115,6 +118,8 @@ def packages(
         args = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *sources]
     if no_deps:
         args.append("--no-deps")
+    if uv and compile_bytecode:
+        args.append("--compile-bytecode")
     args += [f"{name}=={pin}" for name, pin in pins.items()]
     yield _env_prefix(env) + " ".join(shlex.quote(a) for a in args)
 

@@ -202,6 +202,13 @@ def test_lint_fact_before_download_and_on_a_broken_file(tmp_path):
         ).state
         == "nolint"
     )
+    # A tools venv without gguf yet (the first converge reads the lint before installing it).
+    bare = tmp_path / "venv"
+    (bare / "bin").mkdir(parents=True)
+    (bare / "lib/python3.11/site-packages").mkdir(parents=True)
+    (bare / "bin/python").symlink_to(sys.executable)
+    lint = _run_fact(GgufLint(), path=__file__, **{**kw, "python": str(bare / "bin/python")})
+    assert lint.state == "nolint"
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 10)
     lint = _run_fact(GgufLint(), path=str(bad), **kw)

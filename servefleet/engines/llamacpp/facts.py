@@ -47,9 +47,13 @@ class GgufLint(FactBase[Lint]):
 
     def command(self, python: str, script: str, path: str, user: str) -> str:
         py, sc, p, u = (shlex.quote(x) for x in (python, script, path, user))
+        # gguf installed: its package in the venv (a file test, not a Python importing numpy for
+        # each read; an install that is there but broken fails the lint itself, as an error).
+        venv = shlex.quote(python.rsplit("/bin/", 1)[0])
         return (
             f"if [ ! -f {p} ]; then echo absent; "
-            f"elif [ ! -x {py} ] || [ ! -f {sc} ] || ! {py} -c 'import gguf' 2>/dev/null; "
+            f"elif [ ! -x {py} ] || [ ! -f {sc} ] || "
+            f"! ls {venv}/lib/python3*/site-packages/gguf/__init__.py >/dev/null 2>&1; "
             "then echo nolint; "
             f"elif out=$(runuser -u {u} -- {py} -I {sc} --flag {p} 2>&1); then "
             'echo "ok $out"; else echo "error $out"; fi'

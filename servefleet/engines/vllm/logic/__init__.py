@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from servefleet.core import drift_items as di, sandbox, systemd as sd
 from servefleet.core.layout import VLLM_UNIT, NodeLayout
+from servefleet.core.python_env import UV_ENV
 from servefleet.engines.vllm.logic import kvplan
 
 UNIT = VLLM_UNIT
@@ -39,7 +40,7 @@ def pins(data) -> dict[str, str]:
 
 def uv_env(data) -> dict[str, str]:
     """Environment of the uv commands: system CA store, never a uv-downloaded Python."""
-    env = {"UV_SYSTEM_CERTS": "1", "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+    env = dict(UV_ENV)
     if data.get("uv_cache_dir"):
         # A cache on another filesystem than the venv: copy, don't try to hardlink.
         env.update({"UV_CACHE_DIR": data["uv_cache_dir"], "UV_LINK_MODE": "copy"})
