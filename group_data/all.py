@@ -23,7 +23,7 @@ os_packages = {  # apt packages per distro family, installed by deploys/base.py
     "ubuntu": ["python3", "python3-venv", "ca-certificates", "curl", "rsync", "git"],
 }
 python_interpreter = {"debian": "python3", "ubuntu": "python3"}  # system Python per distro family
-uv_version = "0.13.9"  # uv, installed into the tools venv; makes the serving venvs
+uv_version = "0.13.9"  # uv, in the tools venv (by pip); installs the other tools and makes the serving venvs
 
 # --- Python package sources (a fleet mirror or an air-gapped wheelhouse needs no code change)
 pip_index_url = None  # primary index URL; None: PyPI

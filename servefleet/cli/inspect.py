@@ -12,6 +12,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -19,7 +20,9 @@ from rich.table import Table
 
 from servefleet.core.errors import InputError
 from servefleet.core.lint.checkpoint import CheckpointLint, lint_checkpoint, one_line
-from servefleet.core.lint.gguf_lint import GgufLint, lint_gguf, override_kv_flag
+
+if TYPE_CHECKING:  # gguf (and numpy) imported only to lint a GGUF: every servefleet run loads this
+    from servefleet.core.lint.gguf_lint import GgufLint
 
 GGUF_MAGIC = b"GGUF"
 
@@ -56,6 +59,8 @@ def inspect_path(path: Path) -> GgufLint | CheckpointLint:
         return lint_checkpoint(path)
     if path.exists():
         if _is_gguf(path):
+            from servefleet.core.lint.gguf_lint import lint_gguf
+
             return lint_gguf(path)
         if path.name in ("config.json", "model.safetensors.index.json"):
             return lint_checkpoint(path.parent)
@@ -64,6 +69,8 @@ def inspect_path(path: Path) -> GgufLint | CheckpointLint:
 
 
 def _show_gguf(console: Console, path: Path, lint: GgufLint) -> None:
+    from servefleet.core.lint.gguf_lint import override_kv_flag
+
     table = Table(title=escape(f"GGUF {path}"), show_header=False)
     for key in ("arch", "block_count", "highest_block", "nextn_predict_layers"):
         value = getattr(lint, key)
@@ -126,9 +133,9 @@ def run(args) -> int:
     console = Console()
     if args.json:
         print(json.dumps(lint.to_dict()))
-    elif isinstance(lint, GgufLint):
-        _show_gguf(console, args.path, lint)
-    else:
+    elif isinstance(lint, CheckpointLint):
         _show_checkpoint(console, args.path, lint)
-    flagged = lint.defect is not None if isinstance(lint, GgufLint) else bool(lint.findings)
+    else:
+        _show_gguf(console, args.path, lint)
+    flagged = bool(lint.findings) if isinstance(lint, CheckpointLint) else lint.defect is not None
     return 1 if args.strict and flagged else 0

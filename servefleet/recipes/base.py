@@ -106,6 +106,7 @@ def plan_base() -> None:
             *[(Account, {"user": name, "group": name}) for _, name, _, _ in accounts()],
             *[(PathStat, {"path": p}) for p in (*lay.tree, lay.cache_dir, lay.models_dir)],
             (PathStat, {"path": f"{lay.tools_venv}/pyvenv.cfg"}),
+            (PathStat, {"path": f"{lay.tools_venv}/.lock"}),  # uv's, once it installed a tool
             (DistVersions, {"venv": lay.tools_venv, "names": tuple(TOOLS)}),
             *[(PathChain, {"path": path}) for path in root_read_paths().values()],
             *[

@@ -21,7 +21,7 @@ from pyinfra import host
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import File
 
-from servefleet.core.lint import gguf_header, gguf_lint
+from servefleet.core import lint as lints
 from servefleet.engines.llamacpp import ENGINE, logic, operations as ops, readers
 from servefleet.engines.llamacpp.facts import GgufLint, LlamaBuilds, Nvcc
 from servefleet.facts import batch
@@ -36,8 +36,10 @@ from servefleet.recipes.steps import deploy
 UNIT_TEMPLATE = logic.TEMPLATE
 PREFLIGHT_SCRIPT = "files/llamacpp/llama-preflight.sh"
 # The lint runs on the node with the tools venv's gguf: servefleet's own module, uploaded.
-LINT_SOURCE = Path(gguf_lint.__file__)
-LINT_HEADER_SOURCE = Path(gguf_header.__file__)  # imported by the lint, from its own directory
+# The lint's files, uploaded to the node and run there; not imported here (gguf imports numpy:
+# a quarter of a second of every operator run).
+LINT_SOURCE = Path(lints.__file__).with_name("gguf_lint.py")
+LINT_HEADER_SOURCE = LINT_SOURCE.with_name("gguf_header.py")  # imported by the lint, beside it
 # gguf in the tools venv reads GGUF headers for the lint.
 GGUF_TOOLS = {"gguf": "llamacpp_gguf_version"}
 
