@@ -59,6 +59,7 @@ def inspect_path(path: Path) -> GgufLint | CheckpointLint:
         return lint_checkpoint(path)
     if path.exists():
         if _is_gguf(path):
+            # gguf and numpy: an optional heavy dependency, loaded only to lint a GGUF
             from servefleet.core.lint.gguf_lint import lint_gguf
 
             return lint_gguf(path)
@@ -69,6 +70,7 @@ def inspect_path(path: Path) -> GgufLint | CheckpointLint:
 
 
 def _show_gguf(console: Console, path: Path, lint: GgufLint) -> None:
+    # gguf and numpy: an optional heavy dependency, loaded only to lint a GGUF
     from servefleet.core.lint.gguf_lint import override_kv_flag
 
     table = Table(title=escape(f"GGUF {path}"), show_header=False)
