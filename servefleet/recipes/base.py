@@ -249,11 +249,16 @@ def tools(packages: dict[str, str]):
         compile_bytecode=True,
     )
     if uv:
-        # uv leaves its install lock in the venv, writable by all: root runs these tools.
-        files.owned_file(
-            name=f"{lay.tools_venv}/.lock: root's, 0644",
-            path=f"{lay.tools_venv}/.lock",
-            user="root",
-            group="root",
-            mode="644",
-        )
+        uv_lock_roots(lay.tools_venv)
+
+
+def uv_lock_roots(venv: str):
+    """uv leaves its install lock in a venv it installed into, writable by all: root runs that
+    venv's programs, so nothing in it may be writable by anyone but root."""
+    files.owned_file(
+        name=f"{venv}/.lock: root's, 0644",
+        path=f"{venv}/.lock",
+        user="root",
+        group="root",
+        mode="644",
+    )

@@ -100,15 +100,7 @@ def python_env() -> PythonEnv:
         no_deps=data["python_no_deps"],
         env=logic.uv_env(data),
     )
-    # uv leaves its install lock in the venv, writable by all: root runs this venv's vllm and
-    # python, so nothing in it may be writable by anyone but root.
-    files.owned_file(
-        name=f"{venv}/.lock: root's, 0644",
-        path=f"{venv}/.lock",
-        user="root",
-        group="root",
-        mode="644",
-    )
+    base.uv_lock_roots(venv)  # vllm and python, run by root from this venv
     return PythonEnv(venv=venv, create=create, install=install)
 
 
