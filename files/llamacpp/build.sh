@@ -50,6 +50,10 @@ describe=$(git describe --tags --always 2>/dev/null || echo "$head")
 log "source $describe at $head"
 
 [ -n "${CCACHE_DIR:-}" ] && export CCACHE_DIR && mkdir -p "$CCACHE_DIR"
+# ccache keys each object on the compiler's message language too (LANG, LC_ALL, LC_CTYPE,
+# LC_MESSAGES): one locale for every build, however it was started (sudo over SSH sets none, a
+# login or a container C.UTF-8), so what one compiled is a hit for the others.
+unset LANG LC_ALL LC_CTYPE LC_MESSAGES
 # Hits across build directories and clones: paths under the source dir become relative.
 export CCACHE_BASEDIR="$(dirname "$SRC_DIR")" CCACHE_NOHASHDIR=1
 rm -rf "$BUILD_DIR"
