@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from servefleet.engines.llamacpp.logic import build_env
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SH = REPO / "files" / "llamacpp" / "build.sh"
 CMAKELISTS = """cmake_minimum_required(VERSION 3.16)
@@ -63,22 +65,20 @@ def build(tmp_path: Path, upstream, node: str, locale: dict[str, str]) -> dict[s
     tree = tmp_path / node / "llama.cpp"
     stats = tmp_path / f"{node}.ccache-stats"
     env = {k: v for k, v in os.environ.items() if k not in LOCALE and not k.startswith("CCACHE")}
-    env |= {
-        **locale,
-        "GIT_URL": str(repo),
-        "COMMIT": sha,
-        "TAG": "b1",
-        "HASH": "x",
-        "SRC_DIR": str(tree / "src"),
-        "BUILD_DIR": str(tree / "build"),
-        "PREFIX": str(tree / "b1-x"),
-        "CMAKE_ARGS": "-DCMAKE_BUILD_TYPE=Release",
-        "LAUNCHER_ARGS": "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
-        "FLAGS_JSON": json.dumps({"CMAKE_BUILD_TYPE": "Release"}),
-        "JOBS": "1",
-        "CCACHE_DIR": str(tmp_path / "ccache"),
-        "CCACHE_STATSLOG": str(stats),
-    }
+    env |= locale | {"CCACHE_STATSLOG": str(stats)}
+    env |= build_env(  # as the recipe's build step gives it
+        git_url=str(repo),
+        commit=sha,
+        tag="b1",
+        flags_hash="x",
+        src_dir=str(tree / "src"),
+        build_dir=str(tree / "build"),
+        prefix=str(tree / "b1-x"),
+        cmake_flags={"CMAKE_BUILD_TYPE": "Release"},
+        launcher_args=["-DCMAKE_C_COMPILER_LAUNCHER=ccache"],
+        jobs=1,
+        ccache_dir=str(tmp_path / "ccache"),
+    )
     done = subprocess.run(["sh", str(BUILD_SH)], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert json.loads((tree / "b1-x" / "build.json").read_text())["version"] == "version: 2 (tiny)"

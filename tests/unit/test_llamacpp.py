@@ -452,18 +452,17 @@ def _build_sh(tmp_path, repo, sha, bindir, prefix_name="b1-x"):
     env = {
         **os.environ,
         "PATH": f"{bindir}:{os.environ['PATH']}",
-        "GIT_URL": str(repo),
-        "COMMIT": sha,
-        "TAG": "b1",
-        "HASH": "x",
-        "SRC_DIR": str(d / "src"),
-        "BUILD_DIR": str(d / "build"),
-        "PREFIX": str(d / prefix_name),
-        "CMAKE_ARGS": "-DGGML_CUDA=OFF -DX=1",
-        "LAUNCHER_ARGS": "",
-        "FLAGS_JSON": json.dumps({"GGML_CUDA": "OFF", "X": "1"}),
-        "JOBS": "",
-    }  # build.sh picks
+        **llamacpp.build_env(  # as the recipe's build step gives it; JOBS empty: build.sh picks
+            git_url=str(repo),
+            commit=sha,
+            tag="b1",
+            flags_hash="x",
+            src_dir=str(d / "src"),
+            build_dir=str(d / "build"),
+            prefix=str(d / prefix_name),
+            cmake_flags={"GGML_CUDA": "OFF", "X": "1"},
+        ),
+    }
     return d, subprocess.run(
         ["sh", str(FILES / "build.sh")], capture_output=True, text=True, env=env
     )
