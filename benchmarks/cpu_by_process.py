@@ -130,7 +130,8 @@ def run(cmd: list[str], interval: float) -> dict:
     for off in range(0, len(raw) - ACCT_V3.size + 1, ACCT_V3.size):
         r = ACCT_V3.unpack_from(raw, off)
         ticks = (comp_t(r[10]) + comp_t(r[11])) / AHZ * HZ
-        exited.append((r[6], r[7], r[18].split(b"\0")[0].decode(errors="replace"), ticks))
+        comm = r[18].split(b"\0")[0].decode(errors="replace")
+        exited.append((r[6], r[7], comm, ticks, comp_t(r[11]) / AHZ * HZ))
         parents.setdefault(r[6], r[7])
 
     def kind(pid: int, comm: str) -> str:
@@ -144,12 +145,17 @@ def run(cmd: list[str], interval: float) -> dict:
         return f"?: {comm}"
 
     ticks: collections.Counter = collections.Counter()
-    for pid, _ppid, comm, t in exited:
+    counts: collections.Counter = collections.Counter()  # processes of each kind
+    system: collections.Counter = collections.Counter()  # the kernel's share (exited ones)
+    for pid, _ppid, comm, t, sys_t in exited:
         ticks[kind(pid, comm)] += t
+        counts[kind(pid, comm)] += 1
+        system[kind(pid, comm)] += sys_t
     for pid, (own, _ppid, st) in end.items():  # still running: what it used during the run
         before = start.get(pid)
         used = own - before[0] if before and before[2] == st else own
         ticks[kind(pid, known[pid][2])] += used
+        counts[kind(pid, known[pid][2])] += 1
     return {
         "command": cmd,
         "rc": proc.returncode,
@@ -158,6 +164,8 @@ def run(cmd: list[str], interval: float) -> dict:
         "cpus": os.cpu_count(),
         "processes": len(exited) + len(end),
         "ticks": dict(ticks),
+        "counts": dict(counts),
+        "system": dict(system),
         "timeline": timeline,
     }
 
@@ -178,6 +186,12 @@ def report(doc: dict, rows: int = 30) -> None:
         f"CPU-min, idle {idle / hz / 60:.1f}; by process {counted / hz / 60:.1f} CPU-min "
         f"({doc['processes']} processes)"
     )
+    # Kernel time (fork, exec, namespaces, the network) is part of the busy time too.
+    user, nice, system = (tl[-1][1][i] - tl[0][1][i] for i in range(3))
+    print(
+        f"user {user / hz / 60:.1f} CPU-min, nice {nice / hz / 60:.1f}, "
+        f"system {system / hz / 60:.1f}"
+    )
     # By kind of process, then by program wherever it ran.
     by_program: collections.Counter = collections.Counter()
     for k, v in doc["ticks"].items():
@@ -186,6 +200,15 @@ def report(doc: dict, rows: int = 30) -> None:
         print(f"\n| CPU-min | share of busy | {title} |\n|---:|---:|---|")
         for k, v in sorted(table.items(), key=lambda kv: -kv[1])[:rows]:
             print(f"| {v / hz / 60:.2f} | {100 * v / max(busy, 1):.1f} % | {k} |")
+    counts = doc.get("counts", {})  # runs measured before processes were counted have none
+    if counts:
+        system = doc.get("system", {})
+        print(
+            "\n| processes | CPU-min | of it system | kind (most started) |\n|---:|---:|---:|---|"
+        )
+        for k, n in sorted(counts.items(), key=lambda kv: -kv[1])[:rows]:
+            t, st = doc["ticks"].get(k, 0) / hz / 60, system.get(k, 0) / hz / 60
+            print(f"| {n} | {t:.2f} | {st:.2f} | {k} |")
     # The run's minutes by how busy the machine was (all CPUs busy: the work waited on CPU).
     bands: collections.Counter = collections.Counter()
     for (t_a, a), (t_b, b) in zip(tl, tl[1:], strict=False):

@@ -6,10 +6,12 @@ package's demo, testbed and hub), so this package never imports them."""
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from servefleet.cli import json_report, pipes, workdir
@@ -80,7 +82,38 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+@functools.cache
+def command_modules() -> dict[str, Callable[[], object]]:
+    """Each command's name -> what imports its module (which has register(subparsers)): the
+    operator commands, the engines' and the entry points' (the dev package's demo, testbed, hub).
+    Nothing is imported here."""
+    found: dict[str, Callable[[], object]] = {}
+    for name in COMMANDS:
+        found[name] = functools.partial(importlib.import_module, f"servefleet.cli.{name}")
+    for engine in ENGINES:
+        for module in engine.commands:  # cli.plan_kv registers plan-kv
+            found[module.rsplit(".", 1)[-1].replace("_", "-")] = functools.partial(
+                importlib.import_module, f"{engine.package}.{module}"
+            )
+    for ep in sorted(entry_points(group="servefleet.commands"), key=lambda e: e.name):
+        found[ep.name] = EntryPointLoad(ep)
+    return found
+
+
+class EntryPointLoad:
+    """An entry point's module, loaded when called (a command another package provides)."""
+
+    def __init__(self, ep) -> None:
+        self.ep = ep
+
+    def __call__(self) -> object:
+        return self.ep.load()
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or, with `only` (a command's name), of that one alone: a run
+    imports the command it runs, not every other (the operator's CLI runs once per fleet
+    action, and each command's imports cost a tenth of a second or more)."""
     parser = Parser(
         prog="servefleet",
         description=DESCRIPTION,
@@ -95,18 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
         title="operator commands (test tooling: demo, hub, testbed)",
     )
     # Each module exposes register(subparsers) and sets func=run(args) -> int.
-    for name in COMMANDS:
-        importlib.import_module(f"servefleet.cli.{name}").register(sub)
-    for engine in ENGINES:
-        for name in engine.commands:
-            importlib.import_module(f"{engine.package}.{name}").register(sub)
-    for ep in sorted(entry_points(group="servefleet.commands"), key=lambda e: e.name):
-        try:
-            module = ep.load()
-        except ImportError as exc:  # the dev package's needs are not installed
-            sub.add_parser(ep.name, help=f"(unavailable: {exc})")
+    modules = command_modules()
+    for name, load in modules.items():
+        if only is not None and name != only:
             continue
-        module.register(sub)
+        try:
+            module = load()
+        except ImportError as exc:  # an entry point's (the dev package's) needs not installed
+            if not isinstance(load, EntryPointLoad):
+                raise
+            sub.add_parser(name, help=f"(unavailable: {exc})")
+            continue
+        module.register(sub)  # type: ignore[attr-defined]
     # Every command's own help says what it does (its one-line help) and how it exits.
     helps = {action.dest: action.help for action in sub._choices_actions}
     for name, command in sub.choices.items():
@@ -143,7 +176,11 @@ def _refuse(args, message: str, code: Exit) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    parser = build_parser()
+    # The command named first (no top-level option takes a value): only its module is imported.
+    # Anything else (none, an option, a name no command has) gets every command's parser, for
+    # the help or argparse's refusal that lists them.
+    first = argv[0] if argv and not argv[0].startswith("-") else None
+    parser = build_parser(first if first in command_modules() else None)
     if not argv:  # what to type is the answer: the help, as a usage error (argparse's exit 2)
         parser.print_help(sys.stderr)
         return int(Exit.BAD_INPUT)

@@ -34,7 +34,7 @@ from servefleet.core.groupdata import load_group
 from servefleet_dev.testbed import lifecycle, material
 from servefleet_dev.testbed.hosts import shared_dir
 from servefleet_dev.testing.llama_src import commits
-from servefleet_dev.testing.load import compile_load
+from servefleet_dev.testing.load import BENCH, compile_load
 from servefleet_dev.testing.pyinfra_cli import REPO_ROOT, pyinfra
 from servefleet_dev.testing.wheels import vllm_wheel
 
@@ -154,7 +154,7 @@ def test_a_real_upgrade_of_two_hosts_in_batches_of_one(llama_fleet, th):
     assert {c["version"] for c in before.values()} == {"b9785"}
     # The gate's figures measured beside a compile, with the rest of the test session running:
     # an equally fast release must pass a busy node's gate.
-    with compile_load():
+    with compile_load(during=BENCH):
         rc, report, err = rollout("--batch", "1", *newer(), limit=LLAMAS)
     assert rc == 0, failed(report, err)
     for host in LLAMAS:
@@ -183,7 +183,7 @@ def test_a_real_upgrade_of_two_hosts_in_batches_of_one(llama_fleet, th):
 def test_a_slower_release_fails_the_performance_gate_and_is_rolled_back(llama_fleet, th):
     host = LLAMAS[0]
     fast = agree(th, host)  # the patch release, gated as fast by the upgrade above
-    with compile_load():  # and a slower release fails a busy node's gate
+    with compile_load(during=BENCH):  # and a slower release fails a busy node's gate
         rc, report, err = rollout(*newer(), *SLOW, limit=[host])
     assert rc == 1, failed(report, err)
     r = report["hosts"][host]
@@ -267,7 +267,7 @@ def test_no_perf_gate_lets_the_slower_release_through(llama_fleet, th):
     assert f"{prev['decode_tok_s']:.1f} tok/s, TTFT {prev['ttft_s']:.3f} s" in wide.stdout, (
         wide.stdout + wide.stderr
     )
-    with compile_load():
+    with compile_load(during=BENCH):
         out = subprocess.run(
             [*CLI, "bench", INVENTORY, "--limit", host, "--compare", "--json"],
             cwd=REPO_ROOT,

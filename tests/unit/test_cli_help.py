@@ -199,3 +199,40 @@ def test_a_shell_pipe_into_head_is_quiet():
     assert done.stdout == "Shared by every host (group_data/all.py):\n"
     assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
     assert done.returncode in (0, 141)  # 0 when all of it fitted in the pipe before head left
+
+
+def test_a_command_imports_itself_and_none_of_the_others():
+    """`servefleet status` runs without importing rollout's, report's or the demo's modules (the
+    operator's CLI runs once per fleet action: every other command's imports doubled its start);
+    `servefleet --help` and a command no one has still know every command."""
+    probe = (
+        "import sys\n"
+        "from servefleet.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('servefleet.cli.', "
+        "'servefleet_dev.cli.', 'servefleet.engines.vllm.cli'))), file=sys.stderr)\n"
+        "raise SystemExit(code)\n"
+    )
+
+    def run(*args: str) -> tuple[int, str, str]:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "80"},
+        )
+        return out.returncode, out.stdout, out.stderr.strip().splitlines()[-1]
+
+    code, _, loaded = run("status", "inventory/testbed.py")
+    assert code == 2  # the checkout's fleet.yml lists no testbed node: refused, one line
+    assert "'servefleet.cli.status'" in loaded
+    for other in ("rollout", "report", "rebuild", "bench", "drift"):
+        assert f"'servefleet.cli.{other}'" not in loaded, loaded
+    assert "servefleet_dev.cli.demo" not in loaded and "plan_kv" not in loaded, loaded
+    code, help_text, _ = run("--help")
+    assert code == 0
+    for name in (*COMMANDS, "plan-kv", "demo", "testbed", "hub"):
+        assert f"    {name} " in help_text, (name, help_text)
+    code, _, _ = run("statuss")
+    assert code == 2
