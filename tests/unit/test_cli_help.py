@@ -224,8 +224,8 @@ def test_a_command_imports_itself_and_none_of_the_others():
         )
         return out.returncode, out.stdout, out.stderr.strip().splitlines()[-1]
 
-    code, _, loaded = run("status", "inventory/testbed.py")
-    assert code == 2  # the checkout's fleet.yml lists no testbed node: refused, one line
+    code, _, loaded = run("status", "inventory/none.py")
+    assert code == 2  # no such inventory: refused, one line (nothing connects)
     assert "'servefleet.cli.status'" in loaded
     for other in ("rollout", "report", "rebuild", "bench", "drift"):
         assert f"'servefleet.cli.{other}'" not in loaded, loaded
