@@ -129,9 +129,9 @@ def run(cmd: list[str], interval: float) -> dict:
     exited = []
     for off in range(0, len(raw) - ACCT_V3.size + 1, ACCT_V3.size):
         r = ACCT_V3.unpack_from(raw, off)
-        ticks = (comp_t(r[10]) + comp_t(r[11])) / AHZ * HZ
+        user, system = (comp_t(r[i]) / AHZ * HZ for i in (10, 11))
         comm = r[18].split(b"\0")[0].decode(errors="replace")
-        exited.append((r[6], r[7], comm, ticks, comp_t(r[11]) / AHZ * HZ))
+        exited.append((r[6], r[7], comm, user + system, system))
         parents.setdefault(r[6], r[7])
 
     def kind(pid: int, comm: str) -> str:
@@ -148,14 +148,15 @@ def run(cmd: list[str], interval: float) -> dict:
     counts: collections.Counter = collections.Counter()  # processes of each kind
     system: collections.Counter = collections.Counter()  # the kernel's share (exited ones)
     for pid, _ppid, comm, t, sys_t in exited:
-        ticks[kind(pid, comm)] += t
-        counts[kind(pid, comm)] += 1
-        system[kind(pid, comm)] += sys_t
+        k = kind(pid, comm)
+        ticks[k] += t
+        counts[k] += 1
+        system[k] += sys_t
     for pid, (own, _ppid, st) in end.items():  # still running: what it used during the run
         before = start.get(pid)
-        used = own - before[0] if before and before[2] == st else own
-        ticks[kind(pid, known[pid][2])] += used
-        counts[kind(pid, known[pid][2])] += 1
+        k = kind(pid, known[pid][2])
+        ticks[k] += own - before[0] if before and before[2] == st else own
+        counts[k] += 1
     return {
         "command": cmd,
         "rc": proc.returncode,

@@ -11,7 +11,6 @@ import importlib
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from servefleet.cli import json_report, pipes, workdir
@@ -83,31 +82,20 @@ def package_version() -> str:
 
 
 @functools.cache
-def command_modules() -> dict[str, Callable[[], object]]:
-    """Each command's name -> what imports its module (which has register(subparsers)): the
-    operator commands, the engines' and the entry points' (the dev package's demo, testbed, hub).
-    Nothing is imported here."""
-    found: dict[str, Callable[[], object]] = {}
-    for name in COMMANDS:
-        found[name] = functools.partial(importlib.import_module, f"servefleet.cli.{name}")
+def command_modules() -> dict[str, tuple[str, bool]]:
+    """Each command's name -> (its module, which has register(subparsers); whether it is another
+    package's, which may be unavailable): the operator commands, the engines' and the entry
+    points' (the dev package's demo, testbed, hub). Nothing is imported here."""
+    found = {name: (f"servefleet.cli.{name}", False) for name in COMMANDS}
     for engine in ENGINES:
         for module in engine.commands:  # cli.plan_kv registers plan-kv
-            found[module.rsplit(".", 1)[-1].replace("_", "-")] = functools.partial(
-                importlib.import_module, f"{engine.package}.{module}"
+            found[module.rsplit(".", 1)[-1].replace("_", "-")] = (
+                f"{engine.package}.{module}",
+                False,
             )
     for ep in sorted(entry_points(group="servefleet.commands"), key=lambda e: e.name):
-        found[ep.name] = EntryPointLoad(ep)
+        found[ep.name] = (ep.module, True)
     return found
-
-
-class EntryPointLoad:
-    """An entry point's module, loaded when called (a command another package provides)."""
-
-    def __init__(self, ep) -> None:
-        self.ep = ep
-
-    def __call__(self) -> object:
-        return self.ep.load()
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -128,18 +116,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         title="operator commands (test tooling: demo, hub, testbed)",
     )
     # Each module exposes register(subparsers) and sets func=run(args) -> int.
-    modules = command_modules()
-    for name, load in modules.items():
+    for name, (path, optional) in command_modules().items():
         if only is not None and name != only:
             continue
         try:
-            module = load()
+            module = importlib.import_module(path)
         except ImportError as exc:  # an entry point's (the dev package's) needs not installed
-            if not isinstance(load, EntryPointLoad):
+            if not optional:
                 raise
             sub.add_parser(name, help=f"(unavailable: {exc})")
             continue
-        module.register(sub)  # type: ignore[attr-defined]
+        module.register(sub)
     # Every command's own help says what it does (its one-line help) and how it exits.
     helps = {action.dest: action.help for action in sub._choices_actions}
     for name, command in sub.choices.items():
